@@ -1,0 +1,179 @@
+"""The `layoutgen` command.
+
+User errors (bad specs, missing files, unwritable directories) print a short
+message and exit non-zero; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from layoutgen.spec import SpecError
+
+app = typer.Typer(
+    name="layoutgen",
+    help="Generate, verify, tune and dispatch layout-parameterised DCP pack/combine kernels.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+errors = Console(stderr=True)
+_debug = {"on": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CommandFailed(Exception):
+    """A failure already explained to the user; carries the exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    _debug["on"] = debug or os.environ.get("LAYOUTGEN_DEBUG", "") not in ("", "0")
+
+
+def _spec_sources(spec_files: list[Path] | None) -> tuple[list[tuple[Any, Path]], bool]:
+    from layoutgen.spec import bundled_spec_paths, bundled_specs, load_spec
+
+    if not spec_files:
+        bundled = bundled_specs()
+        return [(bundled[p.stem], p) for p in bundled_spec_paths()], True
+    return [(load_spec(path), path) for path in spec_files], False
+
+
+def _default_out_dir() -> Path:
+    from layoutgen.loader import source_root
+
+    root = source_root()
+    if root is None:
+        raise CommandFailed(
+            "no source checkout found for the bundled specs' generated/ directory; pass --out DIR", code=2
+        )
+    return root / "generated"
+
+
+@app.command()
+def build(
+    spec: Annotated[
+        list[Path] | None,
+        typer.Option("--spec", help="A spec YAML file (repeatable). Default: every bundled spec."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output directory. Default: the checkout's generated/.")
+    ] = None,
+    check: Annotated[bool, typer.Option("--check", help="Write nothing; fail listing stale files.")] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify/--no-verify", help="Check each module against the reference.")
+    ] = True,
+) -> None:
+    """Render specs into Triton modules (atomic, only when changed), then verify them against the reference."""
+    from layoutgen import codegen
+
+    sources, bundled = _spec_sources(spec)
+    out_dir = out if out is not None else _default_out_dir()
+    owns_directory = bundled and out is None
+    planned = codegen.plan_outputs(sources, out_dir, with_init=owns_directory)
+    if check:
+        problems = codegen.stale_files(planned, out_dir, owns_directory)
+        if problems:
+            for problem in problems:
+                errors.print(escape(problem), style="red")
+            raise CommandFailed(f"{len(problems)} generated file(s) out of date; run `layoutgen build`", code=1)
+        console.print(f"[green]{len(planned)} generated file(s) up to date in {out_dir}[/green]")
+        return
+    try:
+        written = [item.path for item in planned if codegen.write_if_changed(item.path, item.content)]
+    except OSError as error:
+        raise CommandFailed(f"cannot write to {out_dir}: {error.strerror or error}", code=2) from error
+    console.print(f"{len(written)} written, {len(planned) - len(written)} unchanged in {out_dir}")
+    if verify:
+        _verify([item.path for item in planned if item.spec is not None])
+
+
+def _verify(paths: list[Path]) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from layoutgen.loader import load_path
+    from layoutgen.verify import verify_module
+
+    table = Table(
+        title=f"verification against layoutgen.reference ({device}{', interpreter' if device == 'cpu' else ''})"
+    )
+    for column in ("spec", "buffers", "shapes checked", "pack exact", "combine max error"):
+        table.add_column(column)
+    failed = []
+    for path in paths:
+        with warnings.catch_warnings():
+            # The interpreter's numpy log(0) for all-empty rows is the contract (-inf), not a fault.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = verify_module(load_path(path), device=device)
+        table.add_row(
+            result.spec_name,
+            escape(result.buffers),
+            str(result.shapes_checked),
+            "[green]yes[/green]" if result.pack_exact else "[red]NO[/red]",
+            f"{result.combine_max_error:.2e}" + ("" if result.combine_ok else " [red](out of tolerance)[/red]"),
+        )
+        failed += result.failures
+    console.print(table)
+    if failed:
+        for failure in failed[:20]:
+            errors.print(escape(failure), style="red")
+        raise CommandFailed(f"{len(failed)} verification failure(s)", code=1)
+
+
+def main() -> None:
+    """Entry point: run the app, turning expected errors into one-line messages."""
+    try:
+        app(standalone_mode=False)
+    except CommandFailed as failure:
+        errors.print("[red]error:[/red] ", end="")
+        errors.print(str(failure), markup=False, highlight=False)
+        sys.exit(failure.code)
+    except SpecError as error:
+        if _debug["on"]:
+            raise
+        errors.print("[red]error:[/red] ", end="")
+        errors.print(str(error), markup=False, highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        errors.print("[red]interrupted[/red]")
+        sys.exit(130)
+    except (typer.Exit, SystemExit) as done:
+        code = getattr(done, "exit_code", getattr(done, "code", 0))
+        sys.exit(code)
+    except Exception as error:  # a click usage error or an unexpected failure
+        import click
+
+        if isinstance(error, click.ClickException):
+            error.show()
+            sys.exit(error.exit_code)
+        if _debug["on"]:
+            raise
+        errors.print("[red]error:[/red] ", end="")
+        errors.print(f"{type(error).__name__}: {error}  (rerun with --debug for the traceback)", markup=False)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

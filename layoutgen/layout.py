@@ -1,0 +1,164 @@
+"""Buffer geometry of a spec at a concrete shape, and the buffers object.
+
+`LayoutBuffers` is what a generated module's `alloc` returns and what the
+reference packs into: dense C-contiguous tensors in the order of the spec's
+axes, plus the strided logical views `payload_view(B) -> [N, B, H/N, D]` and
+`lse_view(B) -> [N, B, H/N]`.  The views are derived from the spec alone, so
+the reference and every generated module agree on where each byte lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from layoutgen.spec import PAYLOAD_AXES, STATS_AXES, LayoutSpec, PayloadDtype
+
+#: Activation dtypes a pack accepts for `out` (DESIGN §4).
+INPUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+LSE_BYTES = 4
+
+
+def wire_dtype(spec: LayoutSpec, dtype: torch.dtype) -> torch.dtype:
+    """The payload buffer's element type for activations of `dtype`."""
+    return torch.float32 if spec.payload.dtype is PayloadDtype.FLOAT32 else dtype
+
+
+def row_length(spec: LayoutSpec, head_dim: int, elem_size: int) -> int:
+    """Extent of the payload's `dim` axis in elements: D, or D + LSE tail rounded up to align_bytes."""
+    if not spec.row_tail:
+        return head_dim
+    align = spec.align_bytes or LSE_BYTES
+    row_bytes = head_dim * elem_size + LSE_BYTES
+    row_bytes = -(-row_bytes // align) * align
+    return row_bytes // elem_size
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The problem a set of buffers is sized for."""
+
+    N: int
+    B_max: int
+    H: int
+    D: int
+    dtype: torch.dtype
+
+    @property
+    def heads_per_peer(self) -> int:
+        return self.H // self.N
+
+
+def check_shape(spec: LayoutSpec, shape: Shape) -> None:
+    """Raise ValueError/TypeError naming the argument when `shape` cannot be laid out by `spec`."""
+    for label, value in (("N", shape.N), ("B_max", shape.B_max), ("H", shape.H), ("D", shape.D)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{label} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{label} must be >= 1, got {value}")
+    if shape.H % shape.N:
+        raise ValueError(f"H (number of heads) must be divisible by N (peers): H={shape.H}, N={shape.N}")
+    if shape.dtype not in INPUT_DTYPES:
+        raise TypeError(f"dtype must be one of {[str(d) for d in INPUT_DTYPES]}, got {shape.dtype}")
+    elem_size = wire_dtype(spec, shape.dtype).itemsize
+    if spec.row_tail and (shape.D * elem_size) % LSE_BYTES:
+        raise ValueError(
+            f"spec '{spec.name}' stores the LSE in the row tail, which needs D * element size to be a "
+            f"multiple of 4 bytes; got D={shape.D} with {wire_dtype(spec, shape.dtype)} "
+            f"({shape.D * elem_size} bytes). Use an even D, or a spec with stats placement: separate"
+        )
+
+
+def buffer_shapes(spec: LayoutSpec, shape: Shape) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]:
+    """Name -> (axes, extents, dtype) of every buffer, outer to inner."""
+    wire = wire_dtype(spec, shape.dtype)
+    extents = {
+        "peer": shape.N,
+        "batch": shape.B_max,
+        "head": shape.heads_per_peer,
+        "dim": row_length(spec, shape.D, wire.itemsize),
+    }
+    buffers = {"payload": (spec.payload.axes, tuple(extents[a] for a in spec.payload.axes), wire)}
+    if not spec.row_tail:
+        assert spec.stats.axes is not None and spec.stats.slots is not None  # ensured by the validator
+        extents["slot"] = spec.stats.slots
+        buffers["stats"] = (spec.stats.axes, tuple(extents[a] for a in spec.stats.axes), torch.float32)
+    return buffers
+
+
+class LayoutBuffers:
+    """Dense buffers of one spec at one shape (send side or receive side: same layout)."""
+
+    def __init__(self, spec: LayoutSpec, shape: Shape, tensors: dict[str, torch.Tensor]) -> None:
+        self.spec = spec
+        self.shape = shape
+        self.tensors = tensors
+        self.spec_name = spec.name
+        self.layout_hash = spec.layout_hash()
+
+    @classmethod
+    def allocate(
+        cls,
+        spec: LayoutSpec,
+        N: int,
+        B_max: int,
+        H: int,
+        D: int,
+        dtype: torch.dtype,
+        device: torch.device | str | None = None,
+    ) -> LayoutBuffers:
+        shape = Shape(N, B_max, H, D, dtype)
+        check_shape(spec, shape)
+        tensors = {
+            name: torch.empty(extents, dtype=buffer_dtype, device=device)
+            for name, (_, extents, buffer_dtype) in buffer_shapes(spec, shape).items()
+        }
+        return cls(spec, shape, tensors)
+
+    N = property(lambda self: self.shape.N)
+    B_max = property(lambda self: self.shape.B_max)
+    H = property(lambda self: self.shape.H)
+    D = property(lambda self: self.shape.D)
+    dtype = property(lambda self: self.shape.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors["payload"].device
+
+    def _check_batch(self, B: int) -> None:
+        if isinstance(B, bool) or not isinstance(B, int) or not 0 <= B <= self.B_max:
+            raise ValueError(f"B must be an int in [0, B_max={self.B_max}], got {B!r}")
+
+    def _logical_payload(self) -> torch.Tensor:
+        axes = self.spec.payload.axes
+        return self.tensors["payload"].permute([axes.index(a) for a in PAYLOAD_AXES])
+
+    def payload_view(self, B: int) -> torch.Tensor:
+        """[N, B, H/N, D] strided view of the payload elements (wire dtype)."""
+        self._check_batch(B)
+        return self._logical_payload()[:, :B, :, : self.D]
+
+    def lse_view(self, B: int) -> torch.Tensor:
+        """[N, B, H/N] strided float32 view of the LSE words."""
+        self._check_batch(B)
+        if self.spec.row_tail:
+            payload = self.tensors["payload"]
+            if payload.dtype == torch.float32:
+                return self._logical_payload()[:, :B, :, self.D]
+            # dim is innermost (validated): reinterpret the tail's bytes as one float32 word.
+            words = LSE_BYTES // payload.element_size()
+            tail = payload[..., self.D : self.D + words].view(torch.float32)[..., 0]
+            outer = self.spec.payload.axes[:-1]
+            return tail.permute([outer.index(a) for a in PAYLOAD_AXES[:-1]])[:, :B]
+        axes = self.spec.stats.axes
+        assert axes is not None
+        stats = self.tensors["stats"].permute([axes.index(a) for a in STATS_AXES])
+        return stats[:, :B, :, self.spec.stats.slot]
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{name}={tuple(t.shape)}" for name, t in self.tensors.items())
+        return (
+            f"LayoutBuffers(spec={self.spec_name!r}, N={self.N}, B_max={self.B_max}, H={self.H}, "
+            f"D={self.D}, dtype={self.dtype}, {shapes})"
+        )

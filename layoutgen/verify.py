@@ -1,0 +1,94 @@
+"""Check a generated module against the reference on small random problems (`layoutgen build`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from layoutgen import reference
+from layoutgen.layout import LayoutBuffers, wire_dtype
+from layoutgen.tolerances import combine_error, lse_error, max_abs_error
+
+CANARY = 0xA5
+# (N, B, B_max, heads per peer, D, dtype): B = 1, B < B_max, odd heads, D not a power of two.
+VERIFY_SHAPES: tuple[tuple[int, int, int, int, int, torch.dtype], ...] = (
+    (1, 1, 1, 1, 8, torch.bfloat16),
+    (2, 3, 5, 3, 24, torch.bfloat16),
+    (3, 2, 2, 1, 10, torch.float16),
+    (4, 4, 6, 2, 12, torch.float32),
+    (8, 1, 3, 2, 8, torch.bfloat16),
+)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    spec_name: str
+    buffers: str
+    shapes_checked: int
+    pack_exact: bool
+    combine_ok: bool
+    combine_max_error: float
+    failures: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.pack_exact and self.combine_ok
+
+
+def filled(bufs: LayoutBuffers, byte: int = CANARY) -> LayoutBuffers:
+    for tensor in bufs.tensors.values():
+        tensor.view(torch.uint8).fill_(byte)
+    return bufs
+
+
+def same_bytes(left: LayoutBuffers, right: LayoutBuffers) -> bool:
+    return all(torch.equal(left.tensors[k].view(torch.uint8), right.tensors[k].view(torch.uint8)) for k in left.tensors)
+
+
+def verify_module(module: ModuleType, device: str = "cpu", seed: int = 0) -> VerifyResult:
+    """Pack bytes against the reference (canary-filled buffers), then pack -> exchange -> combine on
+    every rank against the float64 merge of all shards, bases e and 2."""
+    spec = module.SPEC
+    generator = torch.Generator().manual_seed(seed)
+    failures: list[str] = []
+    worst = 0.0
+    combine_ok = True
+    for N, B, B_max, heads_per_peer, D, dtype in VERIFY_SHAPES:
+        H = N * heads_per_peer
+        if spec.row_tail and D * wire_dtype(spec, dtype).itemsize % 4:
+            continue
+        label = f"N={N} B={B} B_max={B_max} H={H} D={D} {str(dtype).removeprefix('torch.')}"
+        outs = [torch.randn(B, H, D, generator=generator).to(dtype).to(device) for _ in range(N)]
+        lses = [(torch.randn(B, H, generator=generator) * 4).to(device) for _ in range(N)]
+        lses[0][0, 0] = float("-inf")  # an empty shard
+        sends = []
+        for rank in range(N):
+            ours = filled(module.alloc(N, B_max, H, D, dtype, device))
+            theirs = filled(LayoutBuffers.allocate(spec, N, B_max, H, D, dtype, device))
+            module.pack(outs[rank], lses[rank], ours)
+            reference.pack(outs[rank], lses[rank], theirs)
+            if not same_bytes(ours, theirs):
+                failures.append(f"pack differs from the reference at {label}, rank {rank}")
+            sends.append(ours)
+        received = reference.exchange(sends)
+        for rank in range(N):
+            for base in reference.LSE_BASES:
+                got, got_lse = module.combine(received[rank], B, lse_base=base, return_lse=True)
+                want, want_lse = reference.merge_shards(outs, lses, rank, base)
+                scale = max(float(o.abs().max()) for o in outs)
+                ratio = max(combine_error(got.cpu(), want.cpu(), scale), lse_error(got_lse.cpu(), want_lse.cpu()))
+                worst = max(worst, max_abs_error(got.cpu(), want.cpu()))
+                if ratio > 1.0:
+                    combine_ok = False
+                    failures.append(f"combine (base {base}) outside tolerance at {label}, rank {rank}: {ratio:.2f}x")
+    buffers = ", ".join(
+        f"{name} [{', '.join(axes)}]"
+        for name, axes in [("payload", spec.payload.axes)] + ([] if spec.row_tail else [("stats", spec.stats.axes)])
+    )
+    checked = sum(
+        1 for *_, D, dtype in VERIFY_SHAPES if not (spec.row_tail and D * wire_dtype(spec, dtype).itemsize % 4)
+    )
+    pack_exact = not any(f.startswith("pack") for f in failures)
+    return VerifyResult(spec.name, buffers, checked, pack_exact, combine_ok, worst, tuple(failures))
