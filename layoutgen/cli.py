@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from layoutgen import cli_show
 from layoutgen.spec import SpecError
 
 app = typer.Typer(
@@ -140,6 +141,9 @@ def _verify(paths: list[Path]) -> None:
         for failure in failed[:20]:
             errors.print(escape(failure), style="red")
         raise CommandFailed(f"{len(failed)} verification failure(s)", code=1)
+
+
+cli_show.register(app)
 
 
 def main() -> None:
