@@ -1,0 +1,351 @@
+"""The DCP decode step across ranks: pack -> exchange -> combine on static buffers.
+
+`DcpExchange` owns one send and one receive buffer set, allocated once with the
+generated module's `alloc` for `B_max` rows.  A call with `B <= B_max` rows works
+on a dense `B`-row layout laid over the first bytes of those buffers, so the
+transport moves only live rows and no call allocates wire memory.  The bytes move
+through the existing distributed engine -- `torch.distributed.all_to_all_single`
+(NCCL on GPUs, gloo on CPU) or a transport the caller passes in; layoutgen never
+moves bytes between ranks itself.
+
+CUDA graphs: run each batch size once eagerly before capturing it (that call
+validates, compiles the kernels and builds the `B`-row views); afterwards a call
+does no host sync and allocates only its result, which comes from the graph's
+memory pool during capture (pass `merged_out=` to write into a tensor of your own).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from layoutgen.layout import INPUT_DTYPES, LayoutBuffers, Shape
+from layoutgen.spec import Transport
+
+#: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the
+#: receive buffer of the same name on that peer (same layout, peer index = source rank).
+ExchangeFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], None]
+
+_LSE_BASES = ("e", "2")
+
+
+def _load_module(spec: Any) -> ModuleType:
+    if isinstance(spec, ModuleType):
+        missing = [name for name in ("SPEC", "alloc", "pack", "combine") if not hasattr(spec, name)]
+        if missing:
+            raise TypeError(
+                f"spec module {spec.__name__} is not a layoutgen generated module (it lacks {', '.join(missing)})"
+            )
+        return spec
+    if isinstance(spec, str | Path):
+        from layoutgen.loader import load
+
+        return load(spec)
+    raise TypeError(
+        "spec must be a bundled spec name, a generated module (layoutgen.load) or a path to a generated .py; "
+        f"got {type(spec).__name__}"
+    )
+
+
+def _positive_int(label: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{label} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{label} must be >= 1, got {value}")
+    return value
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"shape {list(tensor.shape)}, {tensor.dtype} on {tensor.device}"
+
+
+class DcpExchange:
+    """Merge this rank's head block of the partial attention results of every rank in `group`.
+
+    Args:
+        spec: a bundled spec name (``"pynccl_a2a"``), a generated module (``layoutgen.load(...)``)
+            or the path of a generated ``.py``.
+        group: the DCP process group (``None``: the default group). Its size is N, the number of
+            KV shards; every rank must construct the exchange with the same arguments.
+        B_max: the most query rows (sequences) one call may carry.
+        H, D: heads of ``out`` (all of them, divisible by N) and the head dimension.
+        dtype, device: of ``out``; the buffers live on ``device``.
+        lse_base: ``"e"`` or ``"2"``, the base of the LSEs the attention kernel produced.
+        exchange_fn: the transport, ``exchange_fn(send_tensors, recv_tensors)`` over dicts of buffer
+            name -> tensor (views of the static buffers, dense in the spec's layout at the call's B).
+            Required for ``external`` specs (see `flashinfer_mnnvl_exchange`); for
+            ``all_to_all_single`` specs it replaces the default one ``all_to_all_single`` per buffer.
+
+    ``exchange(out [B, H, D], lse [B, H])`` returns this rank's merged ``[B, H/N, D]`` (and its LSE
+    ``[B, H/N]`` with ``return_lse=True``). Every rank must call with the same B, as DCP does (each
+    rank holds every query). With N == 1 the inputs are returned untouched.
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        group: Any = None,
+        *,
+        B_max: int,
+        H: int,
+        D: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        lse_base: str = "e",
+        exchange_fn: ExchangeFn | None = None,
+    ) -> None:
+        self.module = _load_module(spec)
+        self.spec = self.module.SPEC
+        if exchange_fn is not None and not callable(exchange_fn):
+            raise TypeError(
+                f"exchange_fn must be callable(send_tensors, recv_tensors), got {type(exchange_fn).__name__}"
+            )
+        if self.spec.transport is Transport.EXTERNAL and exchange_fn is None:
+            raise ValueError(
+                f"spec '{self.spec.name}' has transport external: pass exchange_fn(send_tensors, recv_tensors) "
+                "that moves its buffers (for FlashInfer MNNVL: layoutgen.distributed.flashinfer_mnnvl_exchange)"
+            )
+        if lse_base not in _LSE_BASES:
+            raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
+        if dtype not in INPUT_DTYPES:
+            raise TypeError(f"dtype must be one of {[str(d) for d in INPUT_DTYPES]}, got {dtype}")
+        self.B_max = _positive_int("B_max", B_max)
+        self.H = _positive_int("H", H)
+        self.D = _positive_int("D", D)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.lse_base = lse_base
+        self.exchange_fn = exchange_fn
+        self.group = group
+        self.rank, self.world_size = self._join(group)
+        if self.H % self.world_size:
+            raise ValueError(
+                f"H={self.H} heads cannot be split evenly over the group's {self.world_size} ranks; "
+                "H must be divisible by the world size"
+            )
+        self.heads_per_rank = self.H // self.world_size
+        self._checked_inputs: set[tuple[Any, ...]] = set()
+        self._views: dict[int, tuple[LayoutBuffers, LayoutBuffers]] = {}
+        self.send: LayoutBuffers | None = None
+        self.recv: LayoutBuffers | None = None
+        if self.world_size == 1:
+            return
+        N = self.world_size
+        self.send = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
+        self.recv = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
+        self._check_peers_agree()
+
+    def _join(self, group: Any) -> tuple[int, int]:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised: call torch.distributed.init_process_group "
+                "(nccl on GPUs, gloo on CPU) before building a DcpExchange"
+            )
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError(
+                f"this process (global rank {dist.get_rank()}) is not a member of the group passed to "
+                "DcpExchange; pass the DCP group this rank belongs to"
+            )
+        world_size = dist.get_world_size(group)
+        backend = str(dist.get_backend(group))  # "gloo", "nccl", or per device type: "cpu:gloo,cuda:nccl"
+        if world_size > 1 and self.device.type != "cuda" and "nccl" in backend and "gloo" not in backend:
+            raise ValueError(
+                f"the group uses NCCL, which moves CUDA tensors only, but device is {self.device}; "
+                "use a CUDA device or a gloo group"
+            )
+        return rank, world_size
+
+    def _check_peers_agree(self) -> None:
+        """One all_gather at construction: a rank built with other arguments would otherwise hang or
+        exchange garbage on the first call."""
+        fields = {
+            "spec layout (sha256 prefix)": int(self.spec.layout_hash()[:15], 16),
+            "B_max": self.B_max,
+            "H": self.H,
+            "D": self.D,
+            "dtype": int(hashlib.sha256(str(self.dtype).encode()).hexdigest()[:15], 16),
+            "lse_base": _LSE_BASES.index(self.lse_base),
+        }
+        backend = str(dist.get_backend(self.group))
+        device = self.device if self.device.type == "cuda" and "nccl" in backend else torch.device("cpu")
+        mine = torch.tensor(list(fields.values()), dtype=torch.int64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine, group=self.group)
+        for peer, theirs in enumerate(gathered):
+            differing = [name for name, a, b in zip(fields, mine.tolist(), theirs.tolist(), strict=True) if a != b]
+            if differing:
+                raise ValueError(
+                    f"DcpExchange arguments differ between ranks: rank {peer} of the group disagrees with "
+                    f"rank {self.rank} on {', '.join(differing)}; every rank must pass the same spec, "
+                    "B_max, H, D, dtype and lse_base"
+                )
+
+    def batch_buffers(self, B: int) -> tuple[LayoutBuffers, LayoutBuffers]:
+        """(send, recv) for a B-row call: the spec's dense layout at B_max=B over the static buffers'
+        first bytes (no allocation; the same objects every call with this B)."""
+        views = self._views.get(B)
+        if views is not None:
+            return views
+        if self.send is None or self.recv is None:
+            raise ValueError("a group of one rank exchanges nothing and has no buffers")
+        if isinstance(B, bool) or not isinstance(B, int) or not 1 <= B <= self.B_max:
+            raise ValueError(f"B must be an int in [1, B_max={self.B_max}], got {B!r}")
+        shapes = LayoutBuffers.allocate(self.spec, self.world_size, B, self.H, self.D, self.dtype, "meta").tensors
+        shape = Shape(self.world_size, B, self.H, self.D, self.dtype)
+
+        def prefix(static: LayoutBuffers) -> LayoutBuffers:
+            tensors = {
+                name: static.tensors[name].view(-1)[: meta.numel()].view(meta.shape) for name, meta in shapes.items()
+            }
+            return LayoutBuffers(self.spec, shape, tensors)
+
+        views = (prefix(self.send), prefix(self.recv))
+        self._views[B] = views
+        return views
+
+    def _check_inputs(self, out: Any, lse: Any) -> int:
+        try:
+            key = (out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype, lse.device)
+        except AttributeError:
+            key = None
+        if key is not None and key in self._checked_inputs:
+            return int(out.shape[0])
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor [B, H={self.H}, D={self.D}], got {type(out).__name__}")
+        if not isinstance(lse, torch.Tensor):
+            raise TypeError(f"lse must be a float32 torch.Tensor [B, H={self.H}], got {type(lse).__name__}")
+        if out.dim() != 3 or out.shape[1] != self.H or out.shape[2] != self.D:
+            raise ValueError(f"out must have shape [B, H={self.H}, D={self.D}]; got {_describe(out)}")
+        batch = out.shape[0]
+        if batch > self.B_max:
+            raise ValueError(
+                f"out has B={batch} rows but this DcpExchange was built for B_max={self.B_max}; build it with a larger B_max"
+            )
+        if out.dtype != self.dtype:
+            raise TypeError(
+                f"out must be {self.dtype} (the dtype this DcpExchange was built for); got {_describe(out)}"
+            )
+        if lse.dim() != 2 or tuple(lse.shape) != (batch, self.H):
+            raise ValueError(f"lse must have shape [B={batch}, H={self.H}]; got {_describe(lse)}")
+        if lse.dtype != torch.float32:
+            raise TypeError(f"lse must be float32; got {_describe(lse)}")
+        for label, tensor in (("out", out), ("lse", lse)):
+            if tensor.device != self.device:
+                raise ValueError(
+                    f"{label} must be on {self.device} (the device this DcpExchange was built for); "
+                    f"got {_describe(tensor)}"
+                )
+        if key is not None:
+            self._checked_inputs.add(key)
+        return int(batch)
+
+    def __call__(
+        self,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        return_lse: bool = False,
+        *,
+        merged_out: torch.Tensor | None = None,
+    ) -> Any:
+        """Pack -> exchange -> combine: this rank's merged ``[B, H/N, D]``, and ``[B, H/N]`` LSE when
+        ``return_lse``. ``merged_out`` (``[B, H/N, D]``, ``out``'s dtype and device) receives the result
+        instead of a new tensor."""
+        B = self._check_inputs(out, lse)
+        if self.world_size == 1:
+            if merged_out is not None:
+                merged_out.copy_(out)
+                out = merged_out
+            return (out, lse) if return_lse else out
+        if B == 0:
+            # Every rank has the same B: all of them skip the collective together.
+            merged = out.new_empty((0, self.heads_per_rank, self.D)) if merged_out is None else merged_out
+            return (merged, lse.new_empty((0, self.heads_per_rank))) if return_lse else merged
+        send, recv = self.batch_buffers(B)
+        self.module.pack(out, lse, send)
+        if self.exchange_fn is not None:
+            self.exchange_fn(send.tensors, recv.tensors)
+        else:
+            self.module.exchange(send, recv, self.group)
+        merged, merged_lse = self.module.combine(recv, B, lse_base=self.lse_base, out=merged_out, return_lse=return_lse)
+        return (merged, merged_lse) if return_lse else merged
+
+    def __repr__(self) -> str:
+        return (
+            f"DcpExchange(spec={self.spec.name!r}, rank={self.rank}, world_size={self.world_size}, "
+            f"B_max={self.B_max}, H={self.H}, D={self.D}, dtype={self.dtype}, device={self.device}, "
+            f"lse_base={self.lse_base!r}, exchange={'exchange_fn' if self.exchange_fn else 'all_to_all_single'})"
+        )
+
+
+_FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def flashinfer_mnnvl_exchange(
+    workspace: torch.Tensor, rank: int, world_size: int, *, enable_pdl: bool | None = None
+) -> ExchangeFn:
+    """An `exchange_fn` for the ``flashinfer_mnnvl`` spec over FlashInfer's ``decode_cp_a2a_alltoall``.
+
+    ``workspace`` comes from ``flashinfer.comm.dcp_alltoall.decode_cp_a2a_allocate_workspace`` and has
+    been initialised (``decode_cp_a2a_init_workspace`` on every rank, then a barrier) as FlashInfer
+    requires. FlashInfer returns new tensors rather than writing into ours, so each call copies them
+    into the receive buffers (two device copies). Needs an SM90+ GPU, fp16/bf16 and
+    ``D * element size`` a multiple of 16 bytes.
+    """
+    try:
+        from flashinfer.comm.dcp_alltoall import decode_cp_a2a_alltoall
+    except ImportError as error:
+        raise ImportError(
+            "flashinfer_mnnvl_exchange needs FlashInfer's DCP all-to-all (flashinfer.comm.dcp_alltoall."
+            "decode_cp_a2a_alltoall), which is not importable: install a FlashInfer that ships it "
+            f"(pip install flashinfer-python); the import failed with: {error}"
+        ) from error
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"workspace must be FlashInfer's int64 workspace tensor, got {type(workspace).__name__}")
+    _require_sm90(workspace.device)
+    _positive_int("world_size", world_size)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+    checked: set[tuple[Any, ...]] = set()
+
+    def exchange(send: Mapping[str, torch.Tensor], recv: Mapping[str, torch.Tensor]) -> None:
+        payload, stats = send["payload"], send["stats"]
+        key = (payload.shape, payload.dtype, stats.shape)
+        if key not in checked:
+            if payload.dtype not in _FLASHINFER_DTYPES:
+                raise TypeError(f"FlashInfer's DCP all-to-all moves fp16 or bf16 payloads; got {payload.dtype}")
+            if payload.shape[-1] * payload.element_size() % 16:
+                raise ValueError(
+                    f"FlashInfer's DCP all-to-all needs D * element size to be a multiple of 16 bytes; "
+                    f"got D={payload.shape[-1]} of {payload.dtype}"
+                )
+            if payload.shape[-2] != world_size:
+                raise ValueError(f"payload has {payload.shape[-2]} peers on axis -2, the workspace {world_size}")
+            checked.add(key)
+        received_payload, received_stats = decode_cp_a2a_alltoall(
+            payload, stats, workspace, rank, world_size, enable_pdl
+        )
+        recv["payload"].copy_(received_payload)
+        recv["stats"].copy_(received_stats)
+
+    return exchange
+
+
+def _require_sm90(device: torch.device) -> None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError(
+            f"FlashInfer's DCP all-to-all needs an NVIDIA GPU of compute capability 9.0 or newer (Hopper, SM90+) "
+            f"with CUDA; the workspace is on {device}"
+        )
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (9, 0):
+        raise RuntimeError(
+            f"FlashInfer's DCP all-to-all needs compute capability 9.0 or newer (Hopper, SM90+); "
+            f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}"
+        )
