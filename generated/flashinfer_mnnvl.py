@@ -21,7 +21,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 
 SPEC_NAME = 'flashinfer_mnnvl'
 SPEC_HASH = 'beb28a8a66d2c9e29aedf8842a4dde9c2e716068b5564f83a9dc040fb6ae2f79'
-SOURCE_HASH = 'f8c2a68b34ad916683f67ded9277aa1f89f3d89c0491df041969c603d049c561'
+SOURCE_HASH = 'e045ebeb6c340fb70d7f4d58b9e89689c7b644fec3acac0a25835026063951f2'
 SPEC_SUMMARY = 'FlashInfer MNNVL all-to-all; peer axis inside heads, stats padded to 2 words.'
 SPEC = _parse_spec({**{'name': 'flashinfer_mnnvl', 'transport': 'external', 'payload': {'axes': ['batch', 'head', 'peer', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'axes': ['batch', 'head', 'peer', 'slot'], 'slots': 2, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'external'
@@ -115,8 +115,12 @@ def _pack_kernel(
         tl.store(stats_ptr + lse_offset, lse_values, mask=lse_mask)
 
 
-def _launch_pack(out, lse, bufs, batch, config, index_64):
-    """Grid and constexprs for `_pack_kernel`; the caller has validated every argument."""
+def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel):
+    """Grid and constexprs for `_pack_kernel`; the caller has validated every argument.
+
+    The runtime passes a recorder as `kernel` once per plan and then replays the call with the compiled
+    kernel, so every argument must follow from the plan key (shapes, strides, dtypes, config).
+    """
     N, heads_per_peer, head_dim = bufs.N, bufs.H // bufs.N, bufs.D
     programs = (
         triton.cdiv(N, config.block_peer)
@@ -126,7 +130,7 @@ def _launch_pack(out, lse, bufs, batch, config, index_64):
     )
     if programs == 0:
         return
-    _pack_kernel[(programs,)](
+    kernel[(programs,)](
         out,
         lse,
         bufs.tensors["payload"],
@@ -246,15 +250,19 @@ def _combine_kernel(
             tl.store(out_lse_ptr + batch_2d * HEADS_PER_PEER + head_2d, merged_lse, mask=row_mask)
 
 
-def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64):
-    """Grid and constexprs for `_combine_kernel`; the caller has validated every argument."""
+def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64, kernel=_combine_kernel):
+    """Grid and constexprs for `_combine_kernel`; the caller has validated every argument.
+
+    The runtime passes a recorder as `kernel` once per plan and then replays the call with the compiled
+    kernel, so every argument must follow from the plan key (shapes, strides, dtypes, config).
+    """
     heads_per_peer, head_dim = bufs.H // bufs.N, bufs.D
     programs = (
         triton.cdiv(batch, config.block_batch)
         * triton.cdiv(heads_per_peer, config.block_head)
         * triton.cdiv(head_dim, config.block_dim)
     )
-    _combine_kernel[(programs,)](
+    kernel[(programs,)](
         bufs.tensors["payload"],
         bufs.tensors["stats"],
         out,
@@ -279,17 +287,19 @@ def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64):
     )
 
 
+_dispatch = _runtime.Dispatcher(
+    __name__, SPEC, SPEC_HASH, SOURCE_HASH, _pack_kernel, _launch_pack, _combine_kernel, _launch_combine
+)
+
+
 def pack(out, lse, bufs, *, config=None):
-    """Scatter out [B, H, D] and lse [B, H] (float32) into `bufs`; writes only the bytes the layout assigns."""
-    plan = _runtime.plan_pack(SPEC, out, lse, bufs, config)
-    _launch_pack(out, lse, bufs, plan.batch, plan.config, plan.index_64)
+    """Scatter out [B, H, D] and lse [B, H] (float32) into `bufs`; writes only the bytes the layout assigns.
+
+    `config=None` takes the tuned config for this shape and device (LAYOUTGEN_CONFIG forces one).
+    """
+    _dispatch.pack(out, lse, bufs, config)
 
 
 def combine(bufs, B, *, lse_base="e", out=None, return_lse=False, config=None):
     """Merge the N partials of the first B rows of `bufs`: (out [B, H/N, D], lse [B, H/N] or None)."""
-    plan = _runtime.plan_combine(SPEC, bufs, B, lse_base, out, return_lse, config)
-    out = plan.new_out() if out is None else out
-    out_lse = plan.new_lse() if return_lse else None
-    if B > 0:
-        _launch_combine(bufs, B, out, out_lse, plan.lse_base_2, plan.config, plan.index_64)
-    return out, out_lse
+    return _dispatch.combine(bufs, B, lse_base, out, return_lse, config)

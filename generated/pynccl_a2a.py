@@ -20,7 +20,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 
 SPEC_NAME = 'pynccl_a2a'
 SPEC_HASH = 'a9b5a65fbf8167dbf861d50ce25897927f2daff0f98735e08aa8709c493186eb'
-SOURCE_HASH = '86ebe613cdbf0ca1e4a789be30cab48a89fa4e1de19370808d0c863678b7140e'
+SOURCE_HASH = 'f05c99b9d161e40f7228f5bde7330b6538b525a04f0391f122b7bdb0ce85b3e3'
 SPEC_SUMMARY = "One all_to_all_single buffer; fp32 LSE bits in the row tail (sglang's pynccl a2a path)."
 SPEC = _parse_spec({**{'name': 'pynccl_a2a', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'row_tail'}, 'align_bytes': 4}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -111,8 +111,12 @@ def _pack_kernel(
         tl.store((payload_ptr + lse_offset).to(tl.pointer_type(tl.float32)), lse_values, mask=lse_mask)
 
 
-def _launch_pack(out, lse, bufs, batch, config, index_64):
-    """Grid and constexprs for `_pack_kernel`; the caller has validated every argument."""
+def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel):
+    """Grid and constexprs for `_pack_kernel`; the caller has validated every argument.
+
+    The runtime passes a recorder as `kernel` once per plan and then replays the call with the compiled
+    kernel, so every argument must follow from the plan key (shapes, strides, dtypes, config).
+    """
     N, heads_per_peer, head_dim = bufs.N, bufs.H // bufs.N, bufs.D
     programs = (
         triton.cdiv(N, config.block_peer)
@@ -122,7 +126,7 @@ def _launch_pack(out, lse, bufs, batch, config, index_64):
     )
     if programs == 0:
         return
-    _pack_kernel[(programs,)](
+    kernel[(programs,)](
         out,
         lse,
         bufs.tensors["payload"],
@@ -237,15 +241,19 @@ def _combine_kernel(
             tl.store(out_lse_ptr + batch_2d * HEADS_PER_PEER + head_2d, merged_lse, mask=row_mask)
 
 
-def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64):
-    """Grid and constexprs for `_combine_kernel`; the caller has validated every argument."""
+def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64, kernel=_combine_kernel):
+    """Grid and constexprs for `_combine_kernel`; the caller has validated every argument.
+
+    The runtime passes a recorder as `kernel` once per plan and then replays the call with the compiled
+    kernel, so every argument must follow from the plan key (shapes, strides, dtypes, config).
+    """
     heads_per_peer, head_dim = bufs.H // bufs.N, bufs.D
     programs = (
         triton.cdiv(batch, config.block_batch)
         * triton.cdiv(heads_per_peer, config.block_head)
         * triton.cdiv(head_dim, config.block_dim)
     )
-    _combine_kernel[(programs,)](
+    kernel[(programs,)](
         bufs.tensors["payload"],
         out,
         out if out_lse is None else out_lse,
@@ -269,20 +277,22 @@ def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64):
     )
 
 
+_dispatch = _runtime.Dispatcher(
+    __name__, SPEC, SPEC_HASH, SOURCE_HASH, _pack_kernel, _launch_pack, _combine_kernel, _launch_combine
+)
+
+
 def pack(out, lse, bufs, *, config=None):
-    """Scatter out [B, H, D] and lse [B, H] (float32) into `bufs`; writes only the bytes the layout assigns."""
-    plan = _runtime.plan_pack(SPEC, out, lse, bufs, config)
-    _launch_pack(out, lse, bufs, plan.batch, plan.config, plan.index_64)
+    """Scatter out [B, H, D] and lse [B, H] (float32) into `bufs`; writes only the bytes the layout assigns.
+
+    `config=None` takes the tuned config for this shape and device (LAYOUTGEN_CONFIG forces one).
+    """
+    _dispatch.pack(out, lse, bufs, config)
 
 
 def combine(bufs, B, *, lse_base="e", out=None, return_lse=False, config=None):
     """Merge the N partials of the first B rows of `bufs`: (out [B, H/N, D], lse [B, H/N] or None)."""
-    plan = _runtime.plan_combine(SPEC, bufs, B, lse_base, out, return_lse, config)
-    out = plan.new_out() if out is None else out
-    out_lse = plan.new_lse() if return_lse else None
-    if B > 0:
-        _launch_combine(bufs, B, out, out_lse, plan.lse_base_2, plan.config, plan.index_64)
-    return out, out_lse
+    return _dispatch.combine(bufs, B, lse_base, out, return_lse, config)
 
 
 def exchange(send_bufs, recv_bufs, group=None):

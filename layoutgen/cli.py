@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from layoutgen import cli_show
+from layoutgen.cli_db import app as db_app
 from layoutgen.spec import SpecError
 
 app = typer.Typer(
@@ -144,6 +145,7 @@ def _verify(paths: list[Path]) -> None:
 
 
 cli_show.register(app)
+app.add_typer(db_app, name="db")
 
 
 def main() -> None:

@@ -1,0 +1,130 @@
+"""pack / combine as `torch.library` custom ops, so that `torch.compile(fullgraph=True)` traces them.
+
+Generated modules route here by themselves while `torch.compiler.is_compiling()`
+(`Dispatcher._pack_traced` / `_combine_traced`): a compiled model just calls
+`module.pack(...)` / `module.combine(...)`.  Importing `layoutgen.runtime`
+registers the ops.  The ops
+take tensors and ints, not the buffers object:
+
+* `torch.ops.layoutgen.pack(out, lse, buffers, module, N, B_max, H, D, config)`
+  writes into `buffers` (the buffers object's tensors, in `bufs.tensors` order);
+* `torch.ops.layoutgen.combine(buffers, out, out_lse, module, N, B_max, H, D, B, lse_base, config)`
+  writes `out` [B, H/N, D] and, unless None, `out_lse` [B, H/N] (float32, contiguous).
+
+`module` is the generated module's `__name__`, `config` a config's fields in
+declaration order (`layoutgen.runtime.dispatch.config_values`) or [] for the
+dispatched default.  When the tensors are those of a live `alloc()` result the
+op reuses its cached plans; otherwise (e.g. functionalisation handed it copies)
+it validates and plans again, which is correct but slower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from layoutgen.config import CONFIG_TYPES, KernelConfig
+from layoutgen.runtime.checks import describe
+from layoutgen.runtime.dispatch import buffers_from_tensors, dispatcher
+
+_configs: dict[tuple[str, tuple[int, ...]], KernelConfig] = {}
+
+
+def _config(kernel: str, values: list[int]) -> Any:
+    if not values:
+        return None
+    key = (kernel, tuple(values))
+    config = _configs.get(key)
+    if config is None:
+        kind = CONFIG_TYPES[kernel]
+        names = [field.name for field in dataclasses.fields(kind)]
+        if len(values) != len(names):
+            raise ValueError(f"config must list the {kernel} config fields {names} in order, or be []; got {values}")
+        config = kind(**dict(zip(names, values, strict=True)))
+        _configs[key] = config
+    return config
+
+
+@torch.library.custom_op("layoutgen::pack", mutates_args=("buffers",))
+def pack_op(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    buffers: list[torch.Tensor],
+    module: str,
+    N: int,
+    B_max: int,
+    H: int,
+    D: int,
+    config: list[int],
+) -> None:
+    """Scatter out [B, H, D] and lse [B, H] into the layout's buffers (see the generated module's pack)."""
+    owner = dispatcher(module)
+    bufs = buffers_from_tensors(owner.spec, buffers, N, B_max, H, D, out.dtype)
+    owner.pack(out, lse, bufs, _config("pack", config))
+
+
+@pack_op.register_fake
+def _pack_fake(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    buffers: list[torch.Tensor],
+    module: str,
+    N: int,
+    B_max: int,
+    H: int,
+    D: int,
+    config: list[int],
+) -> None:
+    return None
+
+
+@torch.library.custom_op("layoutgen::combine", mutates_args=("out", "out_lse"))
+def combine_op(
+    buffers: list[torch.Tensor],
+    out: torch.Tensor,
+    out_lse: torch.Tensor | None,
+    module: str,
+    N: int,
+    B_max: int,
+    H: int,
+    D: int,
+    B: int,
+    lse_base: str,
+    config: list[int],
+) -> None:
+    """Merge the N partials of the first B rows of the buffers into out (and out_lse unless None)."""
+    owner = dispatcher(module)
+    bufs = buffers_from_tensors(owner.spec, buffers, N, B_max, H, D, out.dtype)
+    return_lse = out_lse is not None
+    plan = owner.combine_plan(bufs, B, lse_base, out, return_lse, _config("combine", config))
+    if out_lse is not None and (
+        tuple(out_lse.shape) != plan.out_shape[:2]
+        or out_lse.dtype != torch.float32
+        or not out_lse.is_contiguous()
+        or out_lse.device != plan.device
+    ):
+        raise ValueError(
+            f"out_lse must be a contiguous float32 tensor of shape {list(plan.out_shape[:2])} on {plan.device}; "
+            f"got {describe(out_lse)}"
+        )
+    if B:
+        owner.combine_into(plan, bufs, out, out_lse)
+
+
+@combine_op.register_fake
+def _combine_fake(
+    buffers: list[torch.Tensor],
+    out: torch.Tensor,
+    out_lse: torch.Tensor | None,
+    module: str,
+    N: int,
+    B_max: int,
+    H: int,
+    D: int,
+    B: int,
+    lse_base: str,
+    config: list[int],
+) -> None:
+    return None

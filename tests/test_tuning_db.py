@@ -1,0 +1,237 @@
+"""The tuning database: schema, canonical names, bucket choice, merging, locking and crash safety."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from layoutgen import tuning_db
+from layoutgen.tuning_db import (
+    SCHEMA_VERSION,
+    DatabaseError,
+    TuningDatabase,
+    TuningEntry,
+    TuningKey,
+    batch_bucket,
+    device_file_name,
+    read_database,
+    record,
+)
+
+DEVICE = "NVIDIA H200"
+VERSIONS = {"layoutgen": "0.1.0", "triton": "3.6.0", "torch": "2.13.0", "cuda": "12.8"}
+
+
+def make_key(bucket: int = 64, spec: str = "pynccl_a2a", kernel: str = "pack", N: int = 4) -> TuningKey:
+    return TuningKey(spec=spec, kernel=kernel, N=N, heads_per_peer=32, D=512, dtype="bfloat16", batch_bucket=bucket)
+
+
+def make_entry(
+    key: TuningKey | None = None, median_us: float = 3.5, measured_at: str = "2026-11-29T07:00:00+00:00"
+) -> TuningEntry:
+    return TuningEntry(
+        key=key or make_key(),
+        config={"block_batch": 1, "block_head": 4, "block_dim": 512, "num_warps": 4, "num_stages": 1},
+        median_us=median_us,
+        p20_us=median_us * 0.9,
+        p80_us=median_us * 1.2,
+        default_us=median_us * 1.5,
+        trials=40,
+        spec_hash="a" * 64,
+        source_hash="b" * 64,
+        measured_at=measured_at,
+    )
+
+
+# --- schema ---------------------------------------------------------------------------------------------------
+
+
+def test_key_string_is_canonical_and_round_trips() -> None:
+    key = make_key()
+    assert key.as_str() == "pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64"
+    assert TuningKey.from_str(key.as_str()) == key
+    with pytest.raises(ValueError, match="not a tuning key"):
+        TuningKey.from_str(str(tuple(key.model_dump().values())))
+
+
+def test_key_rejects_unknown_dtype_and_kernel() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        TuningKey(spec="s", kernel="pack", N=1, heads_per_peer=1, D=8, dtype="int8", batch_bucket=1)
+    with pytest.raises(ValueError, match="kernel"):
+        TuningKey(spec="s", kernel="merge", N=1, heads_per_peer=1, D=8, dtype="float16", batch_bucket=1)
+
+
+def test_database_round_trips_through_json(tmp_path: Path) -> None:
+    entries = [make_entry(make_key(bucket)) for bucket in (1, 8, 64)] + [make_entry(make_key(8, kernel="combine"))]
+    path = record(tmp_path, DEVICE, "9.0", entries, VERSIONS)
+    assert path == tmp_path / "NVIDIA_H200.json"
+    text = path.read_text()
+    assert text.endswith("}\n") and not text.endswith("\n\n")
+    data = json.loads(text)
+    assert json.dumps(data, sort_keys=True, indent=2) + "\n" == text  # sorted keys, stable indent: reviewable
+    database = read_database(path)
+    assert database.schema_version == SCHEMA_VERSION
+    assert (database.device_name, database.compute_capability, database.versions) == (DEVICE, "9.0", VERSIONS)
+    assert database.entries == {entry.key.as_str(): entry for entry in entries}
+    assert TuningDatabase.model_validate_json(text).to_json() == text
+
+
+def test_entry_names_must_match_their_keys(tmp_path: Path) -> None:
+    path = record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
+    data = json.loads(path.read_text())
+    data["entries"]["pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=1"] = data["entries"].popitem()[1]
+    path.write_text(json.dumps(data))
+    with pytest.raises(DatabaseError, match=r"NVIDIA_H200\.json.*the names must match"):
+        read_database(path)
+
+
+def test_wrong_schema_version_and_corrupt_files_name_file_and_problem(tmp_path: Path) -> None:
+    path = record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
+    data = json.loads(path.read_text())
+    data["schema_version"] = SCHEMA_VERSION + 1
+    path.write_text(json.dumps(data))
+    with pytest.raises(DatabaseError, match=rf"{path.name}.*schema_version {SCHEMA_VERSION + 1} is not"):
+        read_database(path)
+    path.write_text('{"schema_version": 1, "device_name": ')
+    with pytest.raises(DatabaseError, match=rf"{path.name} is not valid JSON"):
+        read_database(path)
+    path.write_text("[]")
+    with pytest.raises(DatabaseError, match="must hold a JSON object"):
+        read_database(path)
+    with pytest.raises(DatabaseError, match="does not exist"):
+        read_database(tmp_path / "missing.json")
+
+
+def test_measured_at_needs_a_utc_offset() -> None:
+    with pytest.raises(ValueError, match="UTC offset"):
+        make_entry(measured_at="2026-11-29T07:00:00")
+    assert make_entry(measured_at="2026-11-29T07:00:00Z").measured_time.utcoffset() is not None
+    assert tuning_db.utc_now().endswith("+00:00")
+
+
+@pytest.mark.parametrize(
+    ("name", "file"),
+    [
+        ("NVIDIA H200", "NVIDIA_H200.json"),
+        ("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3.json"),
+        ("cpu-interpreter", "cpu-interpreter.json"),
+        ("  AMD Instinct MI300X / OAM ", "AMD_Instinct_MI300X_OAM.json"),
+    ],
+)
+def test_device_file_name(name: str, file: str) -> None:
+    assert device_file_name(name) == file
+
+
+def test_device_file_name_rejects_names_without_letters() -> None:
+    with pytest.raises(ValueError, match="no letters or digits"):
+        device_file_name(" / ")
+
+
+@pytest.mark.parametrize(("B", "bucket"), [(0, 1), (1, 1), (2, 8), (8, 8), (9, 64), (64, 64), (65, 64), (4096, 64)])
+def test_batch_bucket_is_smallest_tuned_bucket_at_least_B_else_largest(B: int, bucket: int) -> None:
+    assert batch_bucket(B, [64, 1, 8, 8]) == bucket
+
+
+def test_batch_bucket_needs_buckets() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        batch_bucket(3, [])
+
+
+# --- merging ----------------------------------------------------------------------------------------------------
+
+
+def test_record_merges_and_later_measurement_wins(tmp_path: Path) -> None:
+    old = make_entry(median_us=5.0, measured_at="2026-11-29T07:00:00+00:00")
+    other = make_entry(make_key(8), median_us=2.0)
+    record(tmp_path, DEVICE, "9.0", [old, other], VERSIONS)
+    newer = make_entry(median_us=9.0, measured_at="2026-11-29T08:00:00+00:00")
+    stale = make_entry(make_key(8), median_us=1.0, measured_at="2026-11-28T00:00:00+00:00")
+    path = record(tmp_path, DEVICE, "9.0", [newer, stale], {**VERSIONS, "triton": "3.7.0"})
+    database = read_database(path)
+    assert database.entries[old.key.as_str()] == newer
+    assert database.entries[other.key.as_str()] == other  # the older measurement did not replace it
+    assert database.versions["triton"] == "3.7.0"
+
+
+def test_equal_times_merge_the_same_whatever_the_order(tmp_path: Path) -> None:
+    fast, slow = make_entry(median_us=2.0), make_entry(median_us=3.0)
+    first = record(tmp_path / "a", DEVICE, "9.0", [fast], VERSIONS)
+    record(tmp_path / "a", DEVICE, "9.0", [slow], VERSIONS)
+    second = record(tmp_path / "b", DEVICE, "9.0", [slow], VERSIONS)
+    record(tmp_path / "b", DEVICE, "9.0", [fast], VERSIONS)
+    assert first.read_text() == second.read_text()
+    assert read_database(first).entries[fast.key.as_str()] == fast
+
+
+def test_record_refuses_to_overwrite_a_corrupt_file(tmp_path: Path) -> None:
+    path = tmp_path / device_file_name(DEVICE)
+    path.write_text("{ not json")
+    with pytest.raises(DatabaseError, match="not valid JSON"):
+        record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
+    assert path.read_text() == "{ not json"
+
+
+def test_record_refuses_another_compute_capability(tmp_path: Path) -> None:
+    record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
+    with pytest.raises(DatabaseError, match=r"compute capability 9\.0, not 10\.0"):
+        record(tmp_path, DEVICE, "10.0", [make_entry(make_key(8))], VERSIONS)
+
+
+def test_failed_replace_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
+    before = path.read_text()
+
+    def failing_replace(source: str, target: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tuning_db.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space left"):
+        record(tmp_path, DEVICE, "9.0", [make_entry(make_key(8))], VERSIONS)
+    assert path.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".tmp") == []
+
+
+# --- processes --------------------------------------------------------------------------------------------------
+
+
+def _write_one(db_dir: str, bucket: int) -> None:
+    record(Path(db_dir), DEVICE, "9.0", [make_entry(make_key(bucket))], VERSIONS)
+
+
+def _die_before_replace(db_dir: str) -> None:
+    def killed(source: str, target: str) -> None:
+        os._exit(17)  # the process dies between writing the temporary file and replacing the database
+
+    tuning_db.os.replace = killed  # type: ignore[assignment]
+    record(Path(db_dir), DEVICE, "9.0", [make_entry(make_key(8))], VERSIONS)
+
+
+def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    buckets = [1, 2, 4, 8, 16, 32, 64, 128]
+    workers = [context.Process(target=_write_one, args=(str(tmp_path), bucket)) for bucket in buckets]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert [worker.exitcode for worker in workers] == [0] * len(buckets)
+    database = read_database(tmp_path / device_file_name(DEVICE))
+    assert sorted(entry.key.batch_bucket for entry in database.entries.values()) == buckets
+
+
+def test_writer_killed_mid_write_leaves_a_valid_file(tmp_path: Path) -> None:
+    path = record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
+    before = path.read_text()
+    worker = multiprocessing.get_context("spawn").Process(target=_die_before_replace, args=(str(tmp_path),))
+    worker.start()
+    worker.join(timeout=120)
+    assert worker.exitcode == 17
+    assert path.read_text() == before
+    read_database(path)
+    # The dead writer's lock is gone with its process: the next writer gets through.
+    record(tmp_path, DEVICE, "9.0", [make_entry(make_key(8))], VERSIONS)
+    assert len(read_database(path).entries) == 2
