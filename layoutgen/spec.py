@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 #: Logical axes of the payload buffer (DESIGN §3).
 PAYLOAD_AXES: tuple[str, ...] = ("peer", "batch", "head", "dim")
@@ -72,8 +72,9 @@ class PayloadSpec(_Model):
 class StatsSpec(_Model):
     placement: StatsPlacement
     axes: tuple[str, ...] | None = Field(default=None, description="separate only")
-    slots: int | None = Field(default=None, description="separate only: float32 words per entry")
-    slot: int | None = Field(default=None, description="separate only: the word holding the LSE")
+    # Strict: YAML's `yes`, "2" or 1.0 are not word counts.
+    slots: StrictInt | None = Field(default=None, description="separate only: float32 words per entry")
+    slot: StrictInt | None = Field(default=None, description="separate only: the word holding the LSE")
 
     @field_validator("axes")
     @classmethod
@@ -116,7 +117,7 @@ class LayoutSpec(_Model):
     transport: Transport
     payload: PayloadSpec
     stats: StatsSpec
-    align_bytes: int | None = Field(default=None, description="row_tail only: row length multiple")
+    align_bytes: StrictInt | None = Field(default=None, description="row_tail only: row length multiple")
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,146 @@
+"""`layoutgen build` as a user runs it (a subprocess of the real entry point), writing only to tmp."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import NPU_LIKE_SPEC_FIELDS
+
+from layoutgen import codegen
+from layoutgen.spec import bundled_spec_dir, load_spec
+
+PYNCCL_SPEC = bundled_spec_dir() / "pynccl_a2a.yaml"
+VLLM_SPEC = bundled_spec_dir() / "vllm_a2a.yaml"
+
+
+def layoutgen(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
+    env.pop("LAYOUTGEN_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "layoutgen.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        check=False,
+        timeout=300,
+    )
+
+
+def _write_spec(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_build_writes_once_and_then_only_when_changed(tmp_path):
+    out = tmp_path / "out"
+    first = layoutgen(
+        "build", "--spec", str(PYNCCL_SPEC), "--spec", str(VLLM_SPEC), "--out", str(out), "--no-verify", cwd=tmp_path
+    )
+    assert first.returncode == 0, first.stderr
+    assert "2 written, 0 unchanged" in first.stdout
+    written = {p.name: p.stat().st_mtime_ns for p in out.glob("*.py")}
+    assert set(written) == {"pynccl_a2a.py", "vllm_a2a.py"}, "a --spec build writes only its specs' modules"
+    assert (out / "pynccl_a2a.py").read_text() == codegen.render(
+        load_spec(PYNCCL_SPEC), codegen.display_name(PYNCCL_SPEC)
+    )
+    second = layoutgen(
+        "build", "--spec", str(PYNCCL_SPEC), "--spec", str(VLLM_SPEC), "--out", str(out), "--no-verify", cwd=tmp_path
+    )
+    assert second.returncode == 0 and "0 written, 2 unchanged" in second.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.py")} == written
+    assert [p.name for p in out.iterdir() if p.suffix == ".tmp"] == []
+
+
+def test_check_fails_listing_a_missing_and_a_stale_file(tmp_path):
+    out = tmp_path / "out"
+    missing = layoutgen("build", "--spec", str(PYNCCL_SPEC), "--out", str(out), "--check", cwd=tmp_path)
+    assert missing.returncode == 1
+    assert f"{out / 'pynccl_a2a.py'}: missing" in missing.stderr
+    assert not out.exists(), "--check writes nothing"
+
+    assert (
+        layoutgen("build", "--spec", str(PYNCCL_SPEC), "--out", str(out), "--no-verify", cwd=tmp_path).returncode == 0
+    )
+    current = layoutgen("build", "--spec", str(PYNCCL_SPEC), "--out", str(out), "--check", cwd=tmp_path)
+    assert current.returncode == 0, current.stderr
+    module = out / "pynccl_a2a.py"
+    module.write_text(module.read_text().replace("BLOCK_DIM", "BLOCK_D"), encoding="utf-8")
+    before = module.read_text()
+    stale = layoutgen("build", "--spec", str(PYNCCL_SPEC), "--out", str(out), "--check", cwd=tmp_path)
+    assert stale.returncode == 1
+    assert f"{module}: stale" in stale.stderr and "out of date" in stale.stderr
+    assert module.read_text() == before, "--check must not repair the file"
+
+
+def test_bad_spec_is_a_short_error_without_traceback(tmp_path):
+    data = {
+        "name": "my_backend",
+        "summary": "bad: peer is not outermost",
+        "transport": "all_to_all_single",
+        "payload": {"axes": ["batch", "peer", "head", "dim"], "dtype": "input"},
+        "stats": {"placement": "row_tail"},
+    }
+    spec_file = _write_spec(tmp_path / "my_backend.yaml", data)
+    result = layoutgen("build", "--spec", str(spec_file), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.startswith(f"error: {spec_file}: invalid layout spec")
+    assert "payload.axes:" in result.stderr and "outermost" in result.stderr
+    assert len(result.stderr.splitlines()) <= 10
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_spec_file_is_a_short_error(tmp_path):
+    result = layoutgen("build", "--spec", str(tmp_path / "nope.yaml"), "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "nope.yaml" in result.stderr and "no such file" in result.stderr
+
+
+# cli.main() handles usage and unexpected errors with `import click`, but typer 0.29 vendors click
+# (typer._click) and click is not installed: both paths end in a ModuleNotFoundError traceback.
+CLICK_IMPORT_BUG = pytest.mark.xfail(
+    strict=True, reason="layoutgen/cli.py main() imports click, absent with typer>=0.29; remove when fixed"
+)
+
+
+@CLICK_IMPORT_BUG
+def test_two_specs_with_one_name_is_a_short_error(tmp_path):
+    copy = _write_spec(tmp_path / "copy.yaml", yaml.safe_load(PYNCCL_SPEC.read_text()))
+    result = layoutgen(
+        "build", "--spec", str(PYNCCL_SPEC), "--spec", str(copy), "--out", str(tmp_path / "o"), cwd=tmp_path
+    )
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "both have name 'pynccl_a2a'" in result.stderr
+
+
+@CLICK_IMPORT_BUG
+def test_unknown_option_is_a_usage_error(tmp_path):
+    result = layoutgen("build", "--bogus", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "--bogus" in result.stderr
+
+
+def test_build_of_a_new_users_spec_verifies_it(tmp_path):
+    """How a new backend is added: a YAML file nobody bundled, rendered and checked against the reference."""
+    spec_file = _write_spec(
+        tmp_path / "npu_like.yaml", {"summary": "float32 rows, batch innermost", **NPU_LIKE_SPEC_FIELDS}
+    )
+    out = tmp_path / "out"
+    result = layoutgen("build", "--spec", str(spec_file), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (out / "npu_like.py").is_file()
+    table_row = next(line for line in result.stdout.splitlines() if "npu_like" in line)
+    assert "yes" in table_row and "payload [peer, head, dim, batch]" in table_row
+    assert "# Code generated by layoutgen" in (out / "npu_like.py").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["build", "--help"]])
+def test_help(args, tmp_path):
+    result = layoutgen(*args, cwd=tmp_path)
+    assert result.returncode == 0 and "Usage" in result.stdout

@@ -1,0 +1,213 @@
+"""Generated pack kernels are byte-exact against the reference and touch no byte they do not own.
+
+The interpreter is slow, so the shape space (spec x dtype x N x B x H/N x D x
+input strides) is covered pairwise: every pair of values of any two factors
+appears in some case, which is what catches interaction bugs (a stride with a
+dtype, a tile with an extent) without the full cartesian product.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+from conftest import (
+    STRIDE_KINDS,
+    assert_canary_outside,
+    assert_same_bytes,
+    byte_views,
+    expected_layout_bytes,
+    fill_bytes,
+    owned_byte_count,
+    random_inputs,
+    requires_interpreter,
+    strided_inputs,
+)
+
+from layoutgen import reference
+from layoutgen.config import PackConfig
+from layoutgen.layout import LayoutBuffers
+from layoutgen.loader import generated_dir, load_path
+from layoutgen.spec import bundled_specs
+
+pytestmark = requires_interpreter
+
+SPEC_NAMES = (*sorted(bundled_specs()), "npu_like")
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+PEERS = (1, 2, 3, 4, 8)
+BATCH = ("B<B_max", "B=B_max")
+HEADS_PER_PEER = (1, 3, 16)
+HEAD_DIMS = (8, 13, 24, 40, 66)  # 13 only where the layout allows an odd D (else 14 is used)
+
+
+def _pairwise(factors: dict[str, tuple], seed: int = 7, candidates: int = 60) -> list[dict]:
+    """A small set of cases covering every pair of values of every two factors (greedy, seeded)."""
+    names = list(factors)
+    uncovered = {
+        (a, va, b, vb)
+        for a, b in itertools.combinations(names, 2)
+        for va in range(len(factors[a]))
+        for vb in range(len(factors[b]))
+    }
+    rng = random.Random(seed)
+    cases = []
+    while uncovered:
+        # Seed each candidate with one uncovered pair so that every step makes progress.
+        a, va, b, vb = sorted(uncovered)[rng.randrange(len(uncovered))]
+        best, best_gain = None, -1
+        for _ in range(candidates):
+            pick = {name: rng.randrange(len(factors[name])) for name in names}
+            pick[a], pick[b] = va, vb
+            gain = sum((x, pick[x], y, pick[y]) in uncovered for x, y in itertools.combinations(names, 2))
+            if gain > best_gain:
+                best, best_gain = pick, gain
+        assert best is not None
+        uncovered -= {(x, best[x], y, best[y]) for x, y in itertools.combinations(names, 2)}
+        cases.append({name: factors[name][best[name]] for name in names})
+    return cases
+
+
+CASES = _pairwise(
+    {
+        "spec": SPEC_NAMES,
+        "dtype": DTYPES,
+        "N": PEERS,
+        "batch": BATCH,
+        "heads_per_peer": HEADS_PER_PEER,
+        "D": HEAD_DIMS,
+        "strides": STRIDE_KINDS,
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def modules(spec_modules):
+    assert set(spec_modules) == set(SPEC_NAMES)
+    return spec_modules
+
+
+def _case_id(case: dict) -> str:
+    dtype = str(case["dtype"]).removeprefix("torch.")
+    return (
+        f"{case['spec']}-{dtype}-N{case['N']}-{case['batch']}-h{case['heads_per_peer']}-D{case['D']}-{case['strides']}"
+    )
+
+
+def _check_pack(module, N, B, B_max, H, D, dtype, out, lse, config=None):
+    spec = module.SPEC
+    ours = fill_bytes(module.alloc(N, B_max, H, D, dtype))
+    theirs = fill_bytes(LayoutBuffers.allocate(spec, N, B_max, H, D, dtype))
+    module.pack(out, lse, ours, config=config)
+    reference.pack(out, lse, theirs)
+    assert_same_bytes(ours, theirs, f"{spec.name} vs reference")
+    expected = expected_layout_bytes(spec, out.contiguous(), lse.contiguous(), N, B_max)
+    for name, got in byte_views(ours).items():
+        assert torch.equal(got, expected[name]), f"{spec.name}: {name} differs from the layout of DESIGN §3"
+    assert_canary_outside(ours, owned_byte_count(spec, N, B, H, D, dtype))
+
+
+def test_pairwise_cover_is_complete_and_small():
+    assert 30 <= len(CASES) <= 60
+    for a, b in itertools.combinations(CASES[0], 2):
+        factor_values = {"spec": SPEC_NAMES, "dtype": DTYPES, "N": PEERS, "batch": BATCH}
+        factor_values |= {"heads_per_peer": HEADS_PER_PEER, "D": HEAD_DIMS, "strides": STRIDE_KINDS}
+        seen = {(case[a], case[b]) for case in CASES}
+        assert seen == set(itertools.product(factor_values[a], factor_values[b]))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_pack_is_byte_exact(case, modules, generator):
+    module = modules[case["spec"]]
+    dtype, N, h = case["dtype"], case["N"], case["heads_per_peer"]
+    D = case["D"]
+    wire_size = 4 if module.SPEC.payload.dtype.value == "float32" else dtype.itemsize
+    if module.SPEC.row_tail and D * wire_size % 4:
+        D += 1
+    B, B_max = (2, 5) if case["batch"] == "B<B_max" else (3, 3)
+    H = N * h
+    out, lse = random_inputs(B, H, D, dtype, generator)
+    out, lse = strided_inputs(out, lse, case["strides"])
+    _check_pack(module, N, B, B_max, H, D, dtype, out, lse)
+
+
+# Blocks that do not divide the extents (N=3, B=3, H/N=3, D=24), several peers or rows per tile.
+EXPLICIT_CONFIGS = (
+    PackConfig(block_batch=2, block_head=2, block_dim=16, block_peer=2),
+    PackConfig(block_batch=4, block_head=1, block_dim=8, block_peer=4, num_warps=2),
+    PackConfig(block_batch=1, block_head=4, block_dim=64, block_peer=1, num_stages=2),
+)
+
+
+@pytest.mark.parametrize("config", EXPLICIT_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.as_dict().items()))
+@pytest.mark.parametrize("spec_name", SPEC_NAMES)
+def test_pack_with_explicit_configs_masks_partial_tiles(spec_name, config, modules, generator):
+    N, B, B_max, h, D = 3, 3, 4, 3, 24
+    out, lse = random_inputs(B, N * h, D, torch.bfloat16, generator)
+    _check_pack(modules[spec_name], N, B, B_max, N * h, D, torch.bfloat16, out, lse, config)
+
+
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "flashinfer_mnnvl"])
+def test_pack_of_zero_rows_writes_nothing(spec_name, modules, generator):
+    module = modules[spec_name]
+    out, lse = random_inputs(0, 4, 8, torch.float16, generator)
+    bufs = fill_bytes(module.alloc(2, 3, 4, 8, torch.float16))
+    module.pack(out, lse, bufs)
+    assert_canary_outside(bufs, 0)
+
+
+def test_repacking_fewer_rows_leaves_the_older_rows(modules, generator):
+    # Rows >= B are not the layout's at this call: a smaller second pack must not clear them.
+    module = modules["vllm_a2a"]
+    N, B_max, H, D = 2, 4, 4, 8
+    first, first_lse = random_inputs(4, H, D, torch.bfloat16, generator)
+    second, second_lse = random_inputs(2, H, D, torch.bfloat16, generator)
+    ours = fill_bytes(module.alloc(N, B_max, H, D, torch.bfloat16))
+    theirs = fill_bytes(LayoutBuffers.allocate(module.SPEC, N, B_max, H, D, torch.bfloat16))
+    for out, lse in ((first, first_lse), (second, second_lse)):
+        module.pack(out, lse, ours)
+        reference.pack(out, lse, theirs)
+    assert_same_bytes(ours, theirs)
+    assert torch.equal(ours.payload_view(4)[:, 2:], first.view(4, N, H // N, D).permute(1, 0, 2, 3)[:, 2:])
+
+
+_BITS = {
+    torch.bfloat16: (torch.int16, 0x7F80),
+    torch.float16: (torch.int16, 0x7C00),
+    torch.float32: (torch.int32, 0x7F800000),
+}
+
+
+def _arbitrary_bits(shape, dtype, generator):
+    """Random bit patterns of `dtype` where every fourth element is a NaN or inf with a random payload."""
+    integer, exponent = _BITS[dtype]
+    bits = torch.randint(-(2**31), 2**31 - 1, shape, generator=generator, dtype=torch.int64).to(integer)
+    special = torch.arange(bits.numel()).view(shape) % 4 == 0
+    return torch.where(special, bits | exponent, bits).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "flashinfer_mnnvl", "vllm_a2a"])
+def test_pack_moves_arbitrary_bit_patterns_unchanged(spec_name, dtype, modules, generator):
+    # Pure data movement when the wire dtype is the input dtype: NaN payloads, infinities, signed zeros
+    # and subnormals arrive bit for bit (the LSE word too).
+    N, B, H, D = 2, 3, 4, 12
+    out = _arbitrary_bits((B, H, D), dtype, generator)
+    lse = _arbitrary_bits((B, H), torch.float32, generator)
+    out[0, 0, :3] = torch.tensor([-0.0, float("inf"), float("-inf")], dtype=dtype)
+    assert bool(torch.isnan(out).any()) and bool(torch.isnan(lse).any())
+    _check_pack(modules[spec_name], N, B, B, H, D, dtype, out, lse)
+
+
+def test_the_check_catches_a_kernel_that_writes_past_the_row(tmp_path, generator):
+    # The tests must be able to fail: a pack whose dim mask is off by one writes into the next row.
+    source = (generated_dir() / "vllm_a2a.py").read_text(encoding="utf-8")
+    broken = source.replace("(dim_4d < HEAD_DIM)", "(dim_4d <= HEAD_DIM)")
+    assert broken.count("(dim_4d <= HEAD_DIM)") == 1, "the pack template changed: update this mutation"
+    (tmp_path / "vllm_a2a.py").write_text(broken, encoding="utf-8")
+    module = load_path(tmp_path / "vllm_a2a.py")
+    N, B, H, D = 2, 2, 4, 24
+    out, lse = random_inputs(B, H, D, torch.bfloat16, generator)
+    with pytest.raises(AssertionError, match="bytes differ"):
+        _check_pack(module, N, B, B + 1, H, D, torch.bfloat16, out, lse)
