@@ -21,7 +21,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 
 SPEC_NAME = 'flashinfer_mnnvl'
 SPEC_HASH = 'beb28a8a66d2c9e29aedf8842a4dde9c2e716068b5564f83a9dc040fb6ae2f79'
-SOURCE_HASH = 'e045ebeb6c340fb70d7f4d58b9e89689c7b644fec3acac0a25835026063951f2'
+SOURCE_HASH = '89d9a0c5c0a9c58d696370cb4723be3a9626fb224cb3b0a5223958bcdd7f6139'
 SPEC_SUMMARY = 'FlashInfer MNNVL all-to-all; peer axis inside heads, stats padded to 2 words.'
 SPEC = _parse_spec({**{'name': 'flashinfer_mnnvl', 'transport': 'external', 'payload': {'axes': ['batch', 'head', 'peer', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'axes': ['batch', 'head', 'peer', 'slot'], 'slots': 2, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'external'
@@ -93,26 +93,29 @@ def _pack_kernel(
         + peer_4d * payload_stride_peer
         + dim_4d
     )
+
+    # LSE: one float32 word per (peer, batch, head), word 0 of 2 per entry of the stats buffer;
+    # written by the programs of the first dim block.
+    stats_stride_batch = 2 * (HEADS_PER_PEER * NUM_PEERS)
+    stats_stride_head = 2 * NUM_PEERS
+    stats_stride_peer = 2
+    batch_3d = batch[:, None, None]
+    head_3d = head[None, :, None]
+    peer_3d = peer[None, None, :]
+    lse_mask = (peer_3d < NUM_PEERS) & (batch_3d < batch_size) & (head_3d < HEADS_PER_PEER) & (dim_block == 0)
+    lse_source = lse_ptr + batch_3d * lse_stride_batch + (peer_3d * HEADS_PER_PEER + head_3d) * lse_stride_head
+    lse_offset = (
+        batch_3d * stats_stride_batch
+        + head_3d * stats_stride_head
+        + peer_3d * stats_stride_peer
+    )
+
+    # Both loads are issued before either store: a store may alias the inputs as far as the compiler
+    # knows, so a load placed after it would wait a second memory latency (dominant at small batch).
+    lse_values = tl.load(lse_source, mask=lse_mask)
     values = tl.load(source, mask=mask)
     tl.store(destination, values.to(payload_ptr.dtype.element_ty), mask=mask)
-
-    if dim_block == 0:
-        # LSE: one float32 word per (peer, batch, head), word 0 of 2 per entry of the stats buffer.
-        stats_stride_batch = 2 * (HEADS_PER_PEER * NUM_PEERS)
-        stats_stride_head = 2 * NUM_PEERS
-        stats_stride_peer = 2
-        batch_3d = batch[:, None, None]
-        head_3d = head[None, :, None]
-        peer_3d = peer[None, None, :]
-        lse_mask = (peer_3d < NUM_PEERS) & (batch_3d < batch_size) & (head_3d < HEADS_PER_PEER)
-        lse_source = lse_ptr + batch_3d * lse_stride_batch + (peer_3d * HEADS_PER_PEER + head_3d) * lse_stride_head
-        lse_values = tl.load(lse_source, mask=lse_mask)
-        lse_offset = (
-            batch_3d * stats_stride_batch
-            + head_3d * stats_stride_head
-            + peer_3d * stats_stride_peer
-        )
-        tl.store(stats_ptr + lse_offset, lse_values, mask=lse_mask)
+    tl.store(stats_ptr + lse_offset, lse_values, mask=lse_mask)
 
 
 def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel):
@@ -212,30 +215,32 @@ def _combine_kernel(
     lse_row_offset = batch_2d * stats_stride_batch + head_2d * stats_stride_head
     payload_row_offset = batch_3d * payload_stride_batch + head_3d * payload_stride_head + dim_3d
 
-    # Pass 1: the largest valid LSE per row.
+    # One pass over the peers with a running max (online softmax): every load is independent of the
+    # arithmetic, so all N partials are in flight at once.
     lse_max = tl.full((BLOCK_BATCH, BLOCK_HEAD), float("-inf"), tl.float32)
-    for peer in tl.static_range(NUM_PEERS):
-        lse = tl.load(stats_ptr + peer * stats_stride_peer + lse_row_offset, mask=row_mask, other=float("-inf"))
-        lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
-        lse_max = tl.maximum(lse_max, lse)
-    all_empty = lse_max == float("-inf")
-    shift = tl.where(all_empty, 0.0, lse_max)
-
-    # Pass 2: weights relative to the max (1 for the largest), weighted payload sum.
-    accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
     weight_sum = tl.zeros((BLOCK_BATCH, BLOCK_HEAD), tl.float32)
+    accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
     for peer in tl.static_range(NUM_PEERS):
         lse = tl.load(stats_ptr + peer * stats_stride_peer + lse_row_offset, mask=row_mask, other=float("-inf"))
-        lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
-        if LSE_BASE_2:
-            weight = tl.exp2(lse - shift)
-        else:
-            weight = tl.exp(lse - shift)
         partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
         partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
+        # NaN and +inf count as empty.
+        lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
+        new_max = tl.maximum(lse_max, lse)
+        empty_so_far = new_max == float("-inf")
+        shift = tl.where(empty_so_far, 0.0, new_max)
+        if LSE_BASE_2:
+            rescale = tl.exp2(lse_max - shift)
+            weight = tl.exp2(lse - shift)
+        else:
+            rescale = tl.exp(lse_max - shift)
+            weight = tl.exp(lse - shift)
         weight_3d = weight[:, :, None]
-        accumulator += tl.where(weight_3d > 0.0, weight_3d * partial, 0.0)
-        weight_sum += weight
+        # An empty partial (weight 0) contributes nothing, even if its payload is NaN.
+        accumulator = accumulator * rescale[:, :, None] + tl.where(weight_3d > 0.0, weight_3d * partial, 0.0)
+        weight_sum = weight_sum * rescale + weight
+        lse_max = new_max
+    all_empty = lse_max == float("-inf")
 
     merged = accumulator / tl.where(all_empty, 1.0, weight_sum)[:, :, None]
     destination = out_ptr + batch_3d * out_stride_batch + head_3d * out_stride_head + dim_3d * out_stride_dim

@@ -20,7 +20,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 
 SPEC_NAME = 'pynccl_a2a'
 SPEC_HASH = 'a9b5a65fbf8167dbf861d50ce25897927f2daff0f98735e08aa8709c493186eb'
-SOURCE_HASH = 'f05c99b9d161e40f7228f5bde7330b6538b525a04f0391f122b7bdb0ce85b3e3'
+SOURCE_HASH = '639393071ef959e7e39399a01a39635203132aff029771f13a6bb45a070f848c'
 SPEC_SUMMARY = "One all_to_all_single buffer; fp32 LSE bits in the row tail (sglang's pynccl a2a path)."
 SPEC = _parse_spec({**{'name': 'pynccl_a2a', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'row_tail'}, 'align_bytes': 4}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -91,24 +91,27 @@ def _pack_kernel(
         + head_4d * payload_stride_head
         + dim_4d
     )
+
+    # LSE: one float32 word per (peer, batch, head), the float32 bits right after the HEAD_DIM payload elements of each row;
+    # written by the programs of the first dim block.
+    peer_3d = peer[:, None, None]
+    batch_3d = batch[None, :, None]
+    head_3d = head[None, None, :]
+    lse_mask = (peer_3d < NUM_PEERS) & (batch_3d < batch_size) & (head_3d < HEADS_PER_PEER) & (dim_block == 0)
+    lse_source = lse_ptr + batch_3d * lse_stride_batch + (peer_3d * HEADS_PER_PEER + head_3d) * lse_stride_head
+    lse_offset = (
+        peer_3d * payload_stride_peer
+        + batch_3d * payload_stride_batch
+        + head_3d * payload_stride_head
+        + HEAD_DIM
+    )
+
+    # Both loads are issued before either store: a store may alias the inputs as far as the compiler
+    # knows, so a load placed after it would wait a second memory latency (dominant at small batch).
+    lse_values = tl.load(lse_source, mask=lse_mask)
     values = tl.load(source, mask=mask)
     tl.store(destination, values.to(payload_ptr.dtype.element_ty), mask=mask)
-
-    if dim_block == 0:
-        # LSE: one float32 word per (peer, batch, head), the float32 bits right after the HEAD_DIM payload elements of each row.
-        peer_3d = peer[:, None, None]
-        batch_3d = batch[None, :, None]
-        head_3d = head[None, None, :]
-        lse_mask = (peer_3d < NUM_PEERS) & (batch_3d < batch_size) & (head_3d < HEADS_PER_PEER)
-        lse_source = lse_ptr + batch_3d * lse_stride_batch + (peer_3d * HEADS_PER_PEER + head_3d) * lse_stride_head
-        lse_values = tl.load(lse_source, mask=lse_mask)
-        lse_offset = (
-            peer_3d * payload_stride_peer
-            + batch_3d * payload_stride_batch
-            + head_3d * payload_stride_head
-            + HEAD_DIM
-        )
-        tl.store((payload_ptr + lse_offset).to(tl.pointer_type(tl.float32)), lse_values, mask=lse_mask)
+    tl.store((payload_ptr + lse_offset).to(tl.pointer_type(tl.float32)), lse_values, mask=lse_mask)
 
 
 def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel):
@@ -203,30 +206,32 @@ def _combine_kernel(
     lse_row_offset = batch_2d * payload_stride_batch + head_2d * payload_stride_head + HEAD_DIM
     payload_row_offset = batch_3d * payload_stride_batch + head_3d * payload_stride_head + dim_3d
 
-    # Pass 1: the largest valid LSE per row.
+    # One pass over the peers with a running max (online softmax): every load is independent of the
+    # arithmetic, so all N partials are in flight at once.
     lse_max = tl.full((BLOCK_BATCH, BLOCK_HEAD), float("-inf"), tl.float32)
-    for peer in tl.static_range(NUM_PEERS):
-        lse = tl.load((payload_ptr + peer * payload_stride_peer + lse_row_offset).to(tl.pointer_type(tl.float32)), mask=row_mask, other=float("-inf"))
-        lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
-        lse_max = tl.maximum(lse_max, lse)
-    all_empty = lse_max == float("-inf")
-    shift = tl.where(all_empty, 0.0, lse_max)
-
-    # Pass 2: weights relative to the max (1 for the largest), weighted payload sum.
-    accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
     weight_sum = tl.zeros((BLOCK_BATCH, BLOCK_HEAD), tl.float32)
+    accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
     for peer in tl.static_range(NUM_PEERS):
         lse = tl.load((payload_ptr + peer * payload_stride_peer + lse_row_offset).to(tl.pointer_type(tl.float32)), mask=row_mask, other=float("-inf"))
-        lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
-        if LSE_BASE_2:
-            weight = tl.exp2(lse - shift)
-        else:
-            weight = tl.exp(lse - shift)
         partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
         partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
+        # NaN and +inf count as empty.
+        lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
+        new_max = tl.maximum(lse_max, lse)
+        empty_so_far = new_max == float("-inf")
+        shift = tl.where(empty_so_far, 0.0, new_max)
+        if LSE_BASE_2:
+            rescale = tl.exp2(lse_max - shift)
+            weight = tl.exp2(lse - shift)
+        else:
+            rescale = tl.exp(lse_max - shift)
+            weight = tl.exp(lse - shift)
         weight_3d = weight[:, :, None]
-        accumulator += tl.where(weight_3d > 0.0, weight_3d * partial, 0.0)
-        weight_sum += weight
+        # An empty partial (weight 0) contributes nothing, even if its payload is NaN.
+        accumulator = accumulator * rescale[:, :, None] + tl.where(weight_3d > 0.0, weight_3d * partial, 0.0)
+        weight_sum = weight_sum * rescale + weight
+        lse_max = new_max
+    all_empty = lse_max == float("-inf")
 
     merged = accumulator / tl.where(all_empty, 1.0, weight_sum)[:, :, None]
     destination = out_ptr + batch_3d * out_stride_batch + head_3d * out_stride_head + dim_3d * out_stride_dim

@@ -141,7 +141,7 @@ def _kernel_context(spec: LayoutSpec) -> dict[str, object]:
     context["lse_axes"] = lse_axes
     context["expand3"] = _expand(lse_axes)
     tile3 = {a: f"{a}_3d" for a in lse_axes}
-    context["lse_offset3"] = _wrap(with_tail(_offset(lse_order, lse_strides, lse_prefix, tile3)), 8)
+    context["lse_offset3"] = _wrap(with_tail(_offset(lse_order, lse_strides, lse_prefix, tile3)), 4)
     context["lse_pointer3"] = pointer(f"{base} + lse_offset")
     rows2 = {"batch": "batch_2d", "head": "head_2d"}
     context["lse_row_offset"] = _wrap(with_tail(_offset(lse_order, lse_strides, lse_prefix, rows2)), 4)
@@ -195,10 +195,18 @@ def render(spec: LayoutSpec, spec_file: str) -> str:
     )
 
 
+def _lock_file(path: Path) -> str:
+    """A lock per output file, kept out of the output directory (users' --out dirs stay clean)."""
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
+    directory = Path(tempfile.gettempdir()) / "layoutgen-locks"
+    directory.mkdir(exist_ok=True)
+    return str(directory / f"{digest}.lock")
+
+
 def write_if_changed(path: Path, content: str) -> bool:
     """Atomically replace `path` with `content` unless it already holds it; True when written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
+    with FileLock(_lock_file(path)):
         try:
             if path.read_text(encoding="utf-8") == content:
                 return False
