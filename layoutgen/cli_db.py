@@ -1,6 +1,6 @@
 """`layoutgen db show` and `layoutgen db check`: read and validate the tuning database.
 
-Registered on the main app by `layoutgen.cli` (`app.add_typer(cli_db.app, name="db")`).
+Registered on the main app by `layoutgen.cli` (`app.add_typer(db_app, name="db")`).
 """
 
 from __future__ import annotations

@@ -454,7 +454,9 @@ def test_pack_rejects_replaced_buffer_tensors(module: ModuleType) -> None:
 
 def test_pack_rejects_a_config_of_the_wrong_kind(module: ModuleType) -> None:
     out, lse = inputs(3)
-    with pytest.raises(TypeError, match=re.escape("config must be a layoutgen.config.PackConfig or None, got CombineConfig")):
+    with pytest.raises(
+        TypeError, match=re.escape("config must be a layoutgen.config.PackConfig or None, got CombineConfig")
+    ):
         module.pack(out, lse, _bufs(module), config=CombineConfig(block_batch=1, block_head=1, block_dim=8))
     with pytest.raises(TypeError, match=re.escape("config must be a layoutgen.config.PackConfig or None, got dict")):
         module.pack(out, lse, _bufs(module), config=dict(TUNED_PACK))
@@ -656,3 +658,32 @@ def test_hooks_active_reads_tritons_hook_chains() -> None:
         assert launch._hooks_active() is True
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
+
+
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "pynccl_a2a_aligned", "vllm_a2a", "flashinfer_mnnvl"])
+def test_replayed_launch_arguments_reproduce_the_kernels_results(spec_name: str, fake_cuda: list[int]) -> None:
+    # The direct path passes every argument positionally in the kernel's signature order, constexprs
+    # included; replaying that order through the (interpreted) kernel must write the reference bytes.
+    module = generated_module(spec_name)
+    out, lse = inputs(3, seed=11)
+    bufs = fill_bytes(module.alloc(N, B_MAX, H, D, torch.bfloat16))
+    want = fill_bytes(LayoutBuffers.allocate(module.SPEC, N, B_MAX, H, D, torch.bfloat16))
+    reference.pack(out, lse, want)
+    plan = module._dispatch.pack_plan(out, lse, bufs)
+    arguments = (out, lse, bufs, plan.batch, plan.config, plan.index_64)
+    replay = launch.record_launches(
+        module._pack_kernel, module._launch_pack, arguments, (out, lse, *bufs.tensors.values())
+    )
+    assert replay is not None
+    replay((out, lse, *bufs.tensors.values()))
+    assert_same_bytes(bufs, want, spec_name)
+
+    merged, merged_lse = torch.empty(3, H // N, D, dtype=torch.bfloat16), torch.empty(3, H // N)
+    combine_plan = module._dispatch.combine_plan(bufs, 3, "2", merged, True, None)
+    arguments = (bufs, 3, merged, merged_lse, True, combine_plan.config, combine_plan.index_64)
+    tensors = (*bufs.tensors.values(), merged, merged_lse)
+    replay = launch.record_launches(module._combine_kernel, module._launch_combine, arguments, tensors)
+    assert replay is not None
+    replay(tensors)
+    expected, expected_lse = module.combine(bufs, 3, lse_base="2", return_lse=True)
+    assert torch.equal(merged, expected) and torch.equal(merged_lse, expected_lse)
