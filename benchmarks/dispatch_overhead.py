@@ -201,7 +201,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     scratch = torch.empty(16, device=device)
     rows["c_empty_kernel_grid"] = host_times(lambda: _empty_kernel[(1,)](scratch), args.calls)
     if launch.is_jit_function(_empty_kernel) and device == "cuda":
-        empty_direct = launch.DirectLaunch(_empty_kernel, (1,), (scratch,), {}, (scratch,))
+        empty_direct = launch.DirectLaunch(_empty_kernel, (1,), (scratch,), {}, (scratch,), (0,))
         rows["c_empty_kernel_direct"] = host_times(lambda: empty_direct((scratch,)), args.calls)
 
     # (d) sglang's eager pack on the same buffers (its layout is pynccl_a2a's).

@@ -580,14 +580,13 @@ def _launch(a: torch.Tensor, b: torch.Tensor, n: int, kernel: Any) -> None:
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     device = [0]
     monkeypatch.setattr(launch, "_cuda_current", lambda: (lambda: device[0], lambda index: 1000 + index))
-    monkeypatch.setattr(launch, "_hooks_active", lambda: False)
     return device
 
 
 def test_direct_launch_replays_the_recorded_arguments(fake_cuda: list[int]) -> None:
     kernel = FakeKernel()
     a, b = torch.zeros(4, 8), torch.zeros(8)
-    direct = launch.record_launches(kernel, _launch, (a, b, 7), (a, b))
+    direct = launch.record_launches(kernel, _launch, (a, b, 7), (a, b), (0, 1))
     assert direct is not None and kernel.log == []  # recording launches nothing
     direct((a, b))
     assert kernel.log == [("jit", ((3, 2, 1), (a, b, 7, 8, 16, True), {"num_warps": 4}))]
@@ -603,7 +602,7 @@ def test_direct_launch_respecialises_on_alignment_and_device(fake_cuda: list[int
     kernel = FakeKernel()
     storage = torch.zeros(64)
     a, b = storage[:32].view(4, 8), storage[32:40]
-    direct = launch.record_launches(kernel, _launch, (a, b, 7), (a, b))
+    direct = launch.record_launches(kernel, _launch, (a, b, 7), (a, b), (0, 1))
     assert direct is not None
     direct((a, b))
     misaligned = storage[1:9]  # 4 bytes past a 16-byte boundary: Triton compiles another specialisation
@@ -618,46 +617,48 @@ def test_direct_launch_respecialises_on_alignment_and_device(fake_cuda: list[int
     assert kernel.log[-1][0] == "jit" and kernel.compiled == 3
 
 
-def test_direct_launch_defers_to_triton_with_hooks_or_globals(
-    fake_cuda: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_direct_launch_defers_to_triton_with_hooks_or_globals(fake_cuda: list[int]) -> None:
+    from triton import knobs
+
     kernel = FakeKernel()
     a, b = torch.zeros(4, 8), torch.zeros(8)
-    direct = launch.record_launches(kernel, _launch, (a, b, 7), (a, b))
+    direct = launch.record_launches(kernel, _launch, (a, b, 7), (a, b), (0, 1))
     assert direct is not None
     direct((a, b))
-    monkeypatch.setattr(launch, "_hooks_active", lambda: True)  # e.g. a profiler's launch hook
     direct((a, b))
-    assert [entry[0] for entry in kernel.log] == ["jit", "jit"]
+    assert [entry[0] for entry in kernel.log] == ["jit", "direct"]
+
+    def profiler_hook(metadata: Any) -> None:
+        return None
+
+    for chain in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        chain.add(profiler_hook)  # a profiler must see every launch: Triton's launcher calls the hooks
+        try:
+            direct((a, b))
+        finally:
+            chain.remove(profiler_hook)
+    direct((a, b))
+    assert [entry[0] for entry in kernel.log] == ["jit", "direct", "jit", "jit", "direct"]
     other = FakeKernel()
     other.used_global_vals = {("SCALE", 1): (2.0, {})}
-    monkeypatch.setattr(launch, "_hooks_active", lambda: False)
-    replay = launch.record_launches(other, _launch, (a, b, 7), (a, b))
+    replay = launch.record_launches(other, _launch, (a, b, 7), (a, b), (0, 1))
     assert replay is not None
     replay((a, b))
     replay((a, b))
     assert [entry[0] for entry in other.log] == ["jit", "jit"]
+    hooked = FakeKernel()
+    hooked.pre_run_hooks = [profiler_hook]
+    replay = launch.record_launches(hooked, _launch, (a, b, 7), (a, b), (0, 1))
+    assert replay is not None
+    replay((a, b))
+    replay((a, b))
+    assert [entry[0] for entry in hooked.log] == ["jit", "jit"]
 
 
 def test_launch_with_a_tensor_that_is_not_a_call_tensor_is_not_replayed() -> None:
     kernel = FakeKernel()
     a, b = torch.zeros(4, 8), torch.zeros(8)
-    assert launch.record_launches(kernel, _launch, (a, b.clone(), 7), (a, b)) is None
-
-
-def test_hooks_active_reads_tritons_hook_chains() -> None:
-    from triton import knobs
-
-    assert launch._hooks_active() is False
-
-    def hook(metadata: Any) -> None:
-        return None
-
-    knobs.runtime.launch_enter_hook.add(hook)
-    try:
-        assert launch._hooks_active() is True
-    finally:
-        knobs.runtime.launch_enter_hook.remove(hook)
+    assert launch.record_launches(kernel, _launch, (a, b.clone(), 7), (a, b), (0, 1)) is None
 
 
 @pytest.mark.parametrize("spec_name", ["pynccl_a2a", "pynccl_a2a_aligned", "vllm_a2a", "flashinfer_mnnvl"])
@@ -672,7 +673,7 @@ def test_replayed_launch_arguments_reproduce_the_kernels_results(spec_name: str,
     plan = module._dispatch.pack_plan(out, lse, bufs)
     arguments = (out, lse, bufs, plan.batch, plan.config, plan.index_64)
     replay = launch.record_launches(
-        module._pack_kernel, module._launch_pack, arguments, (out, lse, *bufs.tensors.values())
+        module._pack_kernel, module._launch_pack, arguments, (out, lse, *bufs.tensors.values()), (0, 1)
     )
     assert replay is not None
     replay((out, lse, *bufs.tensors.values()))
@@ -682,7 +683,9 @@ def test_replayed_launch_arguments_reproduce_the_kernels_results(spec_name: str,
     combine_plan = module._dispatch.combine_plan(bufs, 3, "2", merged, True, None)
     arguments = (bufs, 3, merged, merged_lse, True, combine_plan.config, combine_plan.index_64)
     tensors = (*bufs.tensors.values(), merged, merged_lse)
-    replay = launch.record_launches(module._combine_kernel, module._launch_combine, arguments, tensors)
+    replay = launch.record_launches(
+        module._combine_kernel, module._launch_combine, arguments, tensors, (len(bufs.tensors), len(bufs.tensors) + 1)
+    )
     assert replay is not None
     replay(tensors)
     expected, expected_lse = module.combine(bufs, 3, lse_base="2", return_lse=True)

@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -235,3 +236,38 @@ def test_writer_killed_mid_write_leaves_a_valid_file(tmp_path: Path) -> None:
     # The dead writer's lock is gone with its process: the next writer gets through.
     record(tmp_path, DEVICE, "9.0", [make_entry(make_key(8))], VERSIONS)
     assert len(read_database(path).entries) == 2
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------------
+
+
+def test_cli_db_check_and_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from layoutgen import cli_db
+    from layoutgen.cli import CommandFailed, app
+
+    monkeypatch.setattr(cli_db, "console", Console(width=400))
+
+    runner = CliRunner()
+
+    def text(result: Any) -> str:
+        return " ".join(result.output.split())  # rich wraps long lines
+
+    empty = runner.invoke(app, ["db", "check", "--db", str(tmp_path)])
+    assert empty.exit_code == 0 and "an empty database is valid" in text(empty)
+    record(tmp_path, DEVICE, "9.0", [make_entry(), make_entry(make_key(8, kernel="combine"))], VERSIONS)
+    checked = runner.invoke(app, ["db", "check", "--db", str(tmp_path)])
+    assert checked.exit_code == 0, checked.output
+    assert f"ok {tmp_path / 'NVIDIA_H200.json'}: 2 stale spec" in text(checked)  # the test entries' hashes are made up
+    shown = runner.invoke(app, ["db", "show", "--db", str(tmp_path), "--device", DEVICE])
+    assert shown.exit_code == 0, shown.output
+    row = "pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64 │ block_batch=1 block_dim=512 block_head=4 num_stages=1"
+    assert row in text(shown) and "│ 3.50 │ 3.15-4.20 │ 5.25 │ 1.50x │ 40 │ stale spec │" in text(shown)
+    (tmp_path / "Other_GPU.json").write_text('{"schema_version": 1}')
+    broken = runner.invoke(app, ["db", "check", "--db", str(tmp_path)])
+    assert isinstance(broken.exception, CommandFailed) and "1 invalid tuning database file(s)" in str(broken.exception)
+    assert f"invalid tuning database {tmp_path / 'Other_GPU.json'} is invalid: device_name: Field required" in text(
+        broken
+    )

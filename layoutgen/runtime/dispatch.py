@@ -218,7 +218,9 @@ class Dispatcher:
     def _launch_pack(self, plan: PackPlan, out: torch.Tensor, lse: torch.Tensor, bufs: LayoutBuffers) -> None:
         args = (out, lse, bufs, plan.batch, plan.config, plan.index_64)
         if out.is_cuda and is_jit_function(self.pack_kernel):
-            plan.direct = record_launches(self.pack_kernel, self.launch_pack, args, (out, lse, *bufs.tensors.values()))
+            plan.direct = record_launches(
+                self.pack_kernel, self.launch_pack, args, (out, lse, *bufs.tensors.values()), (0, 1)
+            )
             if plan.direct is not None:
                 plan.direct((out, lse, *bufs.tensors.values()))
                 return
@@ -265,7 +267,8 @@ class Dispatcher:
         args = (bufs, plan.out_shape[0], out, out_lse, plan.lse_base_2, plan.config, plan.index_64)
         if out.is_cuda and is_jit_function(self.combine_kernel):
             tensors = (*bufs.tensors.values(), out, out_lse)
-            plan.direct = record_launches(self.combine_kernel, self.launch_combine, args, tensors)
+            varying = (len(bufs.tensors), len(bufs.tensors) + 1)  # out and out_lse
+            plan.direct = record_launches(self.combine_kernel, self.launch_combine, args, tensors, varying)
             if plan.direct is not None:
                 plan.direct(tensors)
                 return

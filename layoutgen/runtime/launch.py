@@ -9,10 +9,10 @@ except the pointers' alignment, so a `DirectLaunch` made for one plan:
 
 * records, once, what the generated `_launch_*` function passes to the kernel
   (grid, arguments, options) by handing it a `Recorder` instead of the kernel;
-* keys compiled kernels by (current CUDA device, which tensor arguments are not
-  16-byte aligned); a new key goes through `kernel[grid](...)` (which compiles
-  or finds the right specialisation and launches it) and keeps the
-  `CompiledKernel` it returns;
+* keys compiled kernels by (current CUDA device, the caller's tensors' pointer
+  residues mod 16; the buffers are fixed per plan); a new key goes through
+  `kernel[grid](...)` (which compiles or finds the right specialisation and
+  launches it) and keeps the `CompiledKernel` it returns;
 * afterwards calls the compiled kernel's launcher directly with the same
   arguments Triton would pass (constexprs included), on the current stream.
 
@@ -69,16 +69,12 @@ def _triton_runtime_knobs() -> Any:
     return knobs.runtime
 
 
-def _hooks_active() -> bool:
-    """Whether a launch hook (e.g. a profiler) is installed: then launches go through Triton to reach it."""
-    runtime = _triton_runtime_knobs()
-    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
-    # Triton 3.6 keeps hooks in HookChain objects (empty `.calls` when unused); older versions use None.
-    return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
+#: (launch, function, cooperative, pdl, packed metadata); `launch` takes the C launcher's arguments.
+LaunchEntry = tuple[Callable[..., None], Any, Any, Any, Any]
 
 
-def _direct_call(compiled: Any, grid: tuple[int, int, int]) -> Callable[[int, tuple[Any, ...]], None] | None:
-    """`call(stream, args)` that launches `compiled` exactly as JITFunction.run does, minus hooks; None if
+def _direct_entry(compiled: Any) -> LaunchEntry | None:
+    """How to launch `compiled` exactly as JITFunction.run does, minus hooks and launch metadata; None if
     this Triton's CompiledKernel does not look as expected."""
     try:
         launcher = compiled.run  # loads the binary on first access
@@ -86,14 +82,104 @@ def _direct_call(compiled: Any, grid: tuple[int, int, int]) -> Callable[[int, tu
         metadata = compiled.packed_metadata
     except AttributeError:
         return None
-    grid_0, grid_1, grid_2 = grid
     launch = getattr(launcher, "launch", None)
     scratch = getattr(launcher, "global_scratch_size", None), getattr(launcher, "profile_scratch_size", None)
     if launch is not None and scratch == (0, 0) and hasattr(launcher, "launch_pdl"):
         # The C launcher itself: CudaLauncher.__call__ only adds scratch allocation, which this kernel has none of.
-        cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+        return launch, function, launcher.launch_cooperative_grid, launcher.launch_pdl, metadata
 
-        def call(stream: int, args: tuple[Any, ...]) -> None:
+    def through_launcher(
+        grid_0: int,
+        grid_1: int,
+        grid_2: int,
+        stream: int,
+        function: Any,
+        _c: Any,
+        _p: Any,
+        _g: Any,
+        _s: Any,
+        *rest: Any,
+    ) -> None:
+        launcher(grid_0, grid_1, grid_2, stream, function, *rest)
+
+    return through_launcher, function, None, None, metadata
+
+
+def _alignment_key(indices: tuple[int, ...]) -> Callable[[tuple[Any, ...]], int]:
+    """The pointers' residues mod 16 of the tensors at `indices`, packed into one int (0: all aligned)."""
+    if not indices:
+        return lambda tensors: 0
+    if len(indices) == 1:
+        (first,) = indices
+        return lambda tensors: tensors[first].data_ptr() % _ALIGNMENT
+    if len(indices) == 2:
+        first, second = indices
+        return lambda tensors: tensors[first].data_ptr() % _ALIGNMENT | tensors[second].data_ptr() % _ALIGNMENT << 4
+
+    def key(tensors: tuple[Any, ...]) -> int:
+        packed = 0
+        for shift, index in enumerate(indices):
+            packed |= tensors[index].data_ptr() % _ALIGNMENT << 4 * shift
+        return packed
+
+    return key
+
+
+class DirectLaunch:
+    """One recorded kernel call of a plan; `launch(tensors)` runs it with this call's tensors.
+
+    `tensors` is the dispatcher's tuple of the call's tensors; every tensor argument of the kernel must be
+    one of them, every other argument must be fixed by the plan key.  Only the tensors at `varying` (the
+    caller's own, e.g. pack's out and lse) change from call to call; the others are the plan's buffers,
+    whose alignment the first launch already specialised on.
+    """
+
+    def __init__(
+        self,
+        kernel: Any,
+        grid: tuple[int, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        tensors: tuple[Any, ...],
+        varying: tuple[int, ...],
+    ):
+        names = list(kernel.arg_names)
+        missing = [name for name in names[len(args) :] if name not in kwargs]
+        if len(args) > len(names) or missing:
+            raise ValueError(f"cannot order the arguments of {kernel.fn.__name__}: missing {missing}")
+        values = list(args) + [kwargs[name] for name in names[len(args) :]]
+        self.options = {key: value for key, value in kwargs.items() if key not in names}
+        picks: list[int] = []
+        fixed: list[Any] = []
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                index = next((i for i, t in enumerate(tensors) if t is value), None)
+                if index is None:
+                    raise ValueError("a tensor argument is not one of the call's tensors")
+                picks.append(index)
+            else:
+                picks.append(len(tensors) + len(fixed))
+                fixed.append(value)
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.fixed = tuple(fixed)
+        self._pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda full: (full[picks[0]],))
+        self._alignment = _alignment_key(tuple(index for index in varying if index in picks))
+        self._get_device, self._get_stream = _cuda_current()
+        self._entries: dict[tuple[int, int], LaunchEntry] = {}
+        self._knobs = _triton_runtime_knobs()
+        # Direct launches need Triton 3.6's HookChain hooks (checked per call) and no pre-run hooks.
+        self.enabled = hasattr(self._knobs.launch_enter_hook, "calls") and not getattr(kernel, "pre_run_hooks", None)
+
+    def __call__(self, tensors: tuple[Any, ...]) -> None:
+        args = self._pick(tensors + self.fixed)
+        device = self._get_device()
+        entry = self._entries.get((device, self._alignment(tensors)))
+        knobs = self._knobs
+        if entry is not None and not (knobs.launch_enter_hook.calls or knobs.launch_exit_hook.calls):
+            launch, function, cooperative, pdl, metadata = entry
+            grid_0, grid_1, grid_2 = self.grid
+            stream = self._get_stream(device)
             launch(
                 grid_0,
                 grid_1,
@@ -110,91 +196,28 @@ def _direct_call(compiled: Any, grid: tuple[int, int, int]) -> Callable[[int, tu
                 None,
                 *args,
             )
-
-        return call
-
-    def call_launcher(stream: int, args: tuple[Any, ...]) -> None:
-        launcher(grid_0, grid_1, grid_2, stream, function, metadata, None, None, None, *args)
-
-    return call_launcher
-
-
-class DirectLaunch:
-    """One recorded kernel call of a plan; `launch(tensors)` runs it with this call's tensors.
-
-    `tensors` is the dispatcher's tuple of the call's tensors (pack: out, lse, *buffers; combine:
-    *buffers, out, out_lse); every tensor argument of the kernel must be one of them, every other
-    argument must be fixed by the plan key.
-    """
-
-    def __init__(
-        self,
-        kernel: Any,
-        grid: tuple[int, ...],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        tensors: tuple[Any, ...],
-    ):
-        names = list(kernel.arg_names)
-        missing = [name for name in names[len(args) :] if name not in kwargs]
-        if len(args) > len(names) or missing:
-            raise ValueError(f"cannot order the arguments of {kernel.fn.__name__}: missing {missing}")
-        values = list(args) + [kwargs[name] for name in names[len(args) :]]
-        self.options = {key: value for key, value in kwargs.items() if key not in names}
-        picks: list[int] = []
-        fixed: list[Any] = []
-        used: list[int] = []
-        for value in values:
-            if isinstance(value, torch.Tensor):
-                index = next((i for i, t in enumerate(tensors) if t is value), None)
-                if index is None:
-                    raise ValueError("a tensor argument is not one of the call's tensors")
-                picks.append(index)
-                if index not in used:
-                    used.append(index)
-            else:
-                picks.append(len(tensors) + len(fixed))
-                fixed.append(value)
-        self.kernel = kernel
-        self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        self.fixed = tuple(fixed)
-        self._pick = operator.itemgetter(*picks) if len(picks) > 1 else (lambda full: (full[picks[0]],))
-        self._used = tuple(used)
-        self._calls: dict[tuple[int, int], Callable[[int, tuple[Any, ...]], None]] = {}
-        self.enabled = not getattr(kernel, "pre_run_hooks", None)
-
-    def _misaligned(self, tensors: tuple[Any, ...]) -> int:
-        """Bit i set when the i-th used tensor is not 16-byte aligned (Triton specialises on it)."""
-        pointers = [tensors[i].data_ptr() for i in self._used]
-        if not functools.reduce(operator.or_, pointers) % _ALIGNMENT:
-            return 0
-        return sum(1 << bit for bit, pointer in enumerate(pointers) if pointer % _ALIGNMENT)
-
-    def __call__(self, tensors: tuple[Any, ...]) -> None:
-        args = self._pick(tensors + self.fixed)
-        get_device, get_stream = _cuda_current()
-        device = get_device()
-        key = (device, self._misaligned(tensors))
-        call = self._calls.get(key)
-        if call is not None and not _hooks_active():
-            call(get_stream(device), args)
             return
         compiled = self.kernel[self.grid](*args, **self.options)
         if self.enabled and compiled is not None and not self.kernel.used_global_vals:
-            direct = _direct_call(compiled, self.grid)
+            direct = _direct_entry(compiled)
             if direct is not None:
-                self._calls[key] = direct
+                self._entries[(device, self._alignment(tensors))] = direct
 
 
 def record_launches(
-    kernel: Any, launch: Callable[..., None], launch_args: tuple[Any, ...], tensors: tuple[Any, ...]
+    kernel: Any,
+    launch: Callable[..., None],
+    launch_args: tuple[Any, ...],
+    tensors: tuple[Any, ...],
+    varying: tuple[int, ...],
 ) -> Callable[[tuple[Any, ...]], None] | None:
     """What `launch(*launch_args, kernel=...)` runs, as one callable of the call's tensors; None when
-    some recorded call cannot be replayed directly (the caller then keeps calling `launch`)."""
+    some recorded call cannot be replayed directly (the caller then keeps calling `launch`).
+    `varying`: indices of `tensors` that change from call to call (see DirectLaunch)."""
     recorder = Recorder()
     launch(*launch_args, kernel=recorder)
     try:
-        launches = [DirectLaunch(kernel, grid, args, kwargs, tensors) for grid, args, kwargs in recorder.calls]
+        launches = [DirectLaunch(kernel, grid, args, kwargs, tensors, varying) for grid, args, kwargs in recorder.calls]
     except ValueError:
         return None
     if len(launches) == 1:
