@@ -6,12 +6,15 @@ Registered on the main app by `layoutgen.cli` (`app.add_typer(db_app, name="db")
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from layoutgen.tuning_db import TuningEntry
 
 app = typer.Typer(
     name="db",
@@ -51,10 +54,7 @@ def _current_hashes() -> dict[str, tuple[str, str]]:
     }
 
 
-def _entry_state(entry: object, hashes: dict[str, tuple[str, str]]) -> str:
-    from layoutgen.tuning_db import TuningEntry
-
-    assert isinstance(entry, TuningEntry)
+def _entry_state(entry: TuningEntry, hashes: dict[str, tuple[str, str]]) -> str:
     current = hashes.get(entry.key.spec)
     if current is None:
         return "not bundled"

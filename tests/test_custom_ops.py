@@ -148,3 +148,15 @@ def test_opcheck_pack_and_combine() -> None:
         (tensors, merged, merged_lse, module.__name__, N, B_MAX, H, D, B, "e", []),
         test_utils=utils,
     )
+
+
+def test_ops_check_the_shape_they_are_given() -> None:
+    module = generated_module("vllm_a2a")
+    tensors = list(module.alloc(N, B_MAX, H, D, torch.bfloat16).tensors.values())
+    with pytest.raises(ValueError, match=re.escape("H (number of heads) must be divisible by N (peers): H=6, N=4")):
+        torch.ops.layoutgen.pack(*inputs(0), tensors, module.__name__, 4, B_MAX, H, D, [])
+    with pytest.raises(
+        ValueError,
+        match=re.escape("bufs.tensors['payload'] must be a contiguous torch.bfloat16 tensor of shape (2, 8, 3, 24)"),
+    ):
+        torch.ops.layoutgen.pack(*inputs(0), tensors, module.__name__, N, 8, H, D, [])

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from layoutgen.config import KernelConfig
-from layoutgen.layout import INPUT_DTYPES, LayoutBuffers, Shape, buffer_shapes
+from layoutgen.layout import LayoutBuffers, buffer_shapes
 from layoutgen.spec import LayoutSpec
 
 _INT32_LIMIT = 2**31
@@ -108,10 +108,3 @@ def check_combine_args(spec: LayoutSpec, bufs: Any, B: Any, lse_base: Any, out: 
             raise ValueError(
                 f"out must have shape {list(out_shape)}, dtype {bufs.dtype}, device {bufs.device}; got {describe(out)}"
             )
-
-
-def check_shape_args(N: Any, B_max: Any, H: Any, D: Any, dtype: Any) -> Shape:
-    """The ints and dtype of `alloc`, as the custom ops receive them."""
-    if dtype not in INPUT_DTYPES:
-        raise TypeError(f"dtype must be one of {[str(d) for d in INPUT_DTYPES]}, got {dtype}")
-    return Shape(N, B_max, H, D, dtype)

@@ -17,12 +17,12 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from layoutgen.config import CombineConfig, KernelConfig, PackConfig
-from layoutgen.layout import LayoutBuffers, Shape, buffer_shapes
+from layoutgen.layout import LayoutBuffers, Shape, buffer_shapes, check_shape
 from layoutgen.runtime import checks, configs
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.spec import LayoutSpec
@@ -89,6 +89,7 @@ def buffers_from_tensors(
         ):
             return bufs
     shape = Shape(N, B_max, H, D, dtype)
+    check_shape(spec, shape)
     names = list(buffer_shapes(spec, shape))
     if len(tensors) != len(names):
         raise ValueError(f"buffers must be the {len(names)} tensors {names} of spec '{spec.name}'; got {len(tensors)}")
@@ -192,7 +193,18 @@ class Dispatcher:
 
     def _plan_pack(self, out: Any, lse: Any, bufs: Any, config: Any) -> PackPlan:
         batch = checks.check_pack_args(self.spec, out, lse, bufs)
-        key = (self, out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype, lse.device)
+        key = (
+            self,
+            out.shape,
+            out.stride(),
+            out.dtype,
+            out.device,
+            lse.shape,
+            lse.stride(),
+            lse.dtype,
+            lse.device,
+            config,
+        )
         if config is None:
             resolved = configs.resolve_config(
                 self.spec,
@@ -210,9 +222,8 @@ class Dispatcher:
         else:
             checks.check_config(config, PackConfig)
             resolved = config
-        assert isinstance(resolved, PackConfig)
-        plan = PackPlan(batch, resolved, checks.needs_int64(out, lse, *bufs.tensors.values()))
-        _plans_of(bufs)[(*key, config)] = plan
+        plan = PackPlan(batch, cast(PackConfig, resolved), checks.needs_int64(out, lse, *bufs.tensors.values()))
+        _plans_of(bufs)[key] = plan
         return plan
 
     def _launch_pack(self, plan: PackPlan, out: torch.Tensor, lse: torch.Tensor, bufs: LayoutBuffers) -> None:
@@ -294,10 +305,16 @@ class Dispatcher:
         else:
             checks.check_config(config, CombineConfig)
             resolved = config
-        assert isinstance(resolved, CombineConfig)
         out_shape = (B, heads_per_peer, bufs.D)
         tensors = list(bufs.tensors.values()) + ([out] if out is not None else [])
-        plan = CombinePlan(resolved, checks.needs_int64(*tensors), lse_base == "2", out_shape, bufs.dtype, bufs.device)
+        plan = CombinePlan(
+            cast(CombineConfig, resolved),
+            checks.needs_int64(*tensors),
+            lse_base == "2",
+            out_shape,
+            bufs.dtype,
+            bufs.device,
+        )
         out_key = None if out is None else (out.shape, out.stride(), out.dtype, out.device)
         _plans_of(bufs)[(self, B, lse_base, out_key, return_lse, config)] = plan
         return plan
