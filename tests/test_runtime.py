@@ -530,7 +530,7 @@ def test_alloc_rejects(module: ModuleType, shape: dict[str, Any], error: type[Ex
 # --- direct launch cache (no GPU: a stand-in JITFunction and launcher) ----------------------------------------------
 
 
-class FakeLauncher:
+class CudaLauncher:  # named as Triton's NVIDIA launcher, whose C entry point the direct path calls
     global_scratch_size = 0
     profile_scratch_size = 0
     launch_cooperative_grid = False
@@ -547,7 +547,7 @@ class FakeLauncher:
 
 class FakeCompiled:
     def __init__(self, log: list[tuple[str, Any]], variant: int) -> None:
-        self.run = FakeLauncher(log, variant)
+        self.run = CudaLauncher(log, variant)
         self.function = f"function-{variant}"
         self.packed_metadata = "metadata"
 
@@ -557,17 +557,21 @@ class FakeKernel:
 
     arg_names = ("a_ptr", "b_ptr", "n", "stride", "BLOCK", "FLAG")
 
-    def __init__(self) -> None:
+    def __init__(self, launcher_class: type | None = None) -> None:
         self.used_global_vals: dict[Any, Any] = {}
         self.pre_run_hooks: list[Any] = []
         self.log: list[tuple[str, Any]] = []
         self.compiled = 0
+        self.launcher_class = launcher_class
 
     def __getitem__(self, grid: tuple[int, ...]) -> Any:
         def run(*args: Any, **options: Any) -> FakeCompiled:
             self.compiled += 1
             self.log.append(("jit", (grid, args, options)))
-            return FakeCompiled(self.log, self.compiled)
+            compiled = FakeCompiled(self.log, self.compiled)
+            if self.launcher_class is not None:
+                compiled.run = self.launcher_class(self.log, self.compiled)
+            return compiled
 
         return run
 
@@ -690,3 +694,23 @@ def test_replayed_launch_arguments_reproduce_the_kernels_results(spec_name: str,
     replay(tensors)
     expected, expected_lse = module.combine(bufs, 3, lse_base="2", return_lse=True)
     assert torch.equal(merged, expected) and torch.equal(merged_lse, expected_lse)
+
+
+def test_other_backends_launch_through_their_launcher_object(fake_cuda: list[int]) -> None:
+    class OtherLauncher:  # e.g. HIP's: its C entry point takes other arguments; its __call__ is the protocol
+        def __init__(self, log: list[tuple[str, Any]], variant: int) -> None:
+            self.log = log
+
+        def __call__(self, *arguments: Any) -> None:
+            self.log.append(("launcher", arguments))
+
+    kernel = FakeKernel(OtherLauncher)
+    a, b = torch.zeros(4, 8), torch.zeros(8)
+    direct = launch.record_launches(kernel, _launch, (a, b, 7), (a, b), (0, 1))
+    assert direct is not None
+    direct((a, b))
+    direct((a, b))
+    kind, arguments = kernel.log[-1]
+    assert kind == "launcher" and kernel.compiled == 1
+    assert arguments[:9] == (3, 2, 1, 1000, "function-1", "metadata", None, None, None)
+    assert arguments[9] is a and arguments[10] is b and arguments[11:] == (7, 8, 16, True)

@@ -84,8 +84,9 @@ def _direct_entry(compiled: Any) -> LaunchEntry | None:
         return None
     launch = getattr(launcher, "launch", None)
     scratch = getattr(launcher, "global_scratch_size", None), getattr(launcher, "profile_scratch_size", None)
-    if launch is not None and scratch == (0, 0) and hasattr(launcher, "launch_pdl"):
+    if type(launcher).__name__ == "CudaLauncher" and launch is not None and scratch == (0, 0):
         # The C launcher itself: CudaLauncher.__call__ only adds scratch allocation, which this kernel has none of.
+        # (Other backends' C launchers take other arguments: they go through their launcher object below.)
         return launch, function, launcher.launch_cooperative_grid, launcher.launch_pdl, metadata
 
     def through_launcher(
