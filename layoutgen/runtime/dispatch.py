@@ -46,6 +46,7 @@ class PackPlan:
     index_64: bool
     # Replays the recorded launch with a call's (out, lse, *buffers); None until recorded or when it can't be.
     direct: Callable[[tuple[Any, ...]], None] | None = None
+    recorded: bool = False
 
 
 @dataclass
@@ -58,6 +59,7 @@ class CombinePlan:
     device: torch.device
     # Replays the recorded launch with a call's (*buffers, out, out_lse); None until recorded or when it can't be.
     direct: Callable[[tuple[Any, ...]], None] | None = None
+    recorded: bool = False
 
 
 def _plans_of(bufs: LayoutBuffers) -> dict[tuple[Any, ...], Any]:
@@ -228,7 +230,8 @@ class Dispatcher:
 
     def _launch_pack(self, plan: PackPlan, out: torch.Tensor, lse: torch.Tensor, bufs: LayoutBuffers) -> None:
         args = (out, lse, bufs, plan.batch, plan.config, plan.index_64)
-        if out.is_cuda and is_jit_function(self.pack_kernel):
+        if not plan.recorded and out.is_cuda and is_jit_function(self.pack_kernel):
+            plan.recorded = True
             plan.direct = record_launches(
                 self.pack_kernel, self.launch_pack, args, (out, lse, *bufs.tensors.values()), (0, 1)
             )
@@ -276,7 +279,8 @@ class Dispatcher:
             direct((*bufs.tensors.values(), out, out_lse))
             return
         args = (bufs, plan.out_shape[0], out, out_lse, plan.lse_base_2, plan.config, plan.index_64)
-        if out.is_cuda and is_jit_function(self.combine_kernel):
+        if not plan.recorded and out.is_cuda and is_jit_function(self.combine_kernel):
+            plan.recorded = True
             tensors = (*bufs.tensors.values(), out, out_lse)
             varying = (len(bufs.tensors), len(bufs.tensors) + 1)  # out and out_lse
             plan.direct = record_launches(self.combine_kernel, self.launch_combine, args, tensors, varying)

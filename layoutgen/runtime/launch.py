@@ -147,7 +147,7 @@ class DirectLaunch:
         names = list(kernel.arg_names)
         missing = [name for name in names[len(args) :] if name not in kwargs]
         if len(args) > len(names) or missing:
-            raise ValueError(f"cannot order the arguments of {kernel.fn.__name__}: missing {missing}")
+            raise ValueError(f"cannot order the arguments of {getattr(kernel, '__name__', kernel)}: missing {missing}")
         values = list(args) + [kwargs[name] for name in names[len(args) :]]
         self.options = {key: value for key, value in kwargs.items() if key not in names}
         picks: list[int] = []
