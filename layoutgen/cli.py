@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from layoutgen import cli_show
+from layoutgen import cli_show, cli_tune
 from layoutgen.cli_db import app as db_app
 from layoutgen.spec import SpecError
 
@@ -145,6 +145,7 @@ def _verify(paths: list[Path]) -> None:
 
 
 cli_show.register(app)
+cli_tune.register(app)
 app.add_typer(db_app, name="db")
 
 

@@ -1,0 +1,249 @@
+"""A whole `layoutgen tune` run: prepare the studies, search (here or in one worker process per GPU),
+then write the decisions into the tuning database and print the tables."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from layoutgen.tuning.plan import TuneOptions, make_targets, study_name
+from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables
+from layoutgen.tuning.storage import describe_storage, open_storage
+
+#: Exit code of a worker that found a config failing the correctness gate.
+GATE_FAILURE_EXIT = 3
+POLL_INTERVAL_S = 3.0
+
+
+@dataclass
+class RunSummary:
+    rows: list[ResultRow]
+    device_name: str
+    db_path: Path | None
+    gate_failures: int
+    unfinished: int
+    worker_errors: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES entries."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    listed = [item.strip() for item in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if item.strip()]
+    return listed[:count] if listed else [str(index) for index in range(count)]
+
+
+def resolve_workers(value: str, interpret: bool) -> int:
+    """`--workers auto` is one per visible GPU (1 under the interpreter); otherwise a positive int."""
+    if value == "auto":
+        return 1 if interpret else max(1, len(visible_gpus()))
+    try:
+        workers = int(value)
+    except ValueError:
+        raise ValueError(f"--workers must be 'auto' or a positive integer, got {value!r}") from None
+    if workers < 1:
+        raise ValueError(f"--workers must be 'auto' or a positive integer, got {value!r}")
+    return workers
+
+
+def _study_state(storage: Any, name: str) -> tuple[dict[str, Any], dict[str, Any] | None, int, float | None]:
+    from layoutgen.tuning.study import EVALUATED
+
+    study_id = storage.get_study_id_from_name(name)
+    attrs = storage.get_study_user_attrs(study_id)
+    trials = storage.get_all_trials(study_id, deepcopy=False)
+    results = [t.user_attrs.get("result") or {} for t in trials]
+    evaluated = sum(1 for r in results if r.get("outcome") in EVALUATED)
+    best = min((t.value for t, r in zip(trials, results, strict=True) if r.get("outcome") == "measured"), default=None)
+    return attrs["layoutgen"], attrs.get("final"), evaluated, best
+
+
+def run(options: TuneOptions, console: Console) -> RunSummary:
+    """Tune everything `options` covers; writes the database (also after Ctrl-C: what was decided) and
+    returns what the tables show."""
+    import optuna
+
+    from layoutgen.tuning.study import device_identity, prepare_study, run_worker
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if options.interpret:
+        # Kernels are defined when their module is imported; the interpreter must be on before that.
+        os.environ["TRITON_INTERPRET"] = "1"
+    device_name, capability = device_identity(options)
+    storage = open_storage(options.storage)
+    targets = make_targets(options)
+    buckets = sorted(set(options.buckets))
+    names = []
+    with console.status(f"preparing {len(targets) * len(buckets)} studies in {describe_storage(options.storage)}"):
+        for target in targets:
+            for batch in buckets:
+                name, _ = prepare_study(storage, options, device_name, target, batch)
+                names.append(name)
+    console.print(
+        f"tuning {len(names)} studies ({len(targets)} compiled families x {len(buckets)} batch buckets) on "
+        f"{device_name}; studies in {describe_storage(options.storage)}; {options.workers} worker(s)"
+    )
+    gate_failures = 0
+    worker_errors: list[str] = []
+    interrupted = False
+    reporter = ProgressReporter(console, total=len(names))
+    try:
+        with reporter, _sigterm_interrupts():
+            if options.workers <= 1:
+                gate_failures = run_worker(options, 0, reporter, storage)
+            else:
+                gate_failures, worker_errors = _run_workers(options, storage, names, reporter)
+    except KeyboardInterrupt:
+        interrupted = True
+    rows, entries = collect(storage, names, targets, buckets, device_name)
+    db_path = None
+    if entries and options.db_dir is not None:
+        from layoutgen.tuning_db import record
+
+        db_path = record(Path(options.db_dir), device_name, capability, entries)
+    if rows and not interrupted:
+        copy = next((r.copy_tbps for r in rows if r.copy_tbps), None)
+        suffix = f" ({device_name}" + (f", copy {copy:.2f} TB/s)" if copy else ")")
+        # A log file (no terminal) gets the tables at full width rather than squeezed into 80 columns.
+        wide = console if console.is_terminal else Console(file=console.file, width=max(console.width, 150))
+        for table in result_tables(rows, suffix):
+            wide.print(table)
+    if options.report and rows:
+        header = [
+            f"# layoutgen tune: {device_name}",
+            "",
+            f"Timing: {'wall clock under the Triton interpreter' if options.interpret else 'CUDA-graph replays'}; "
+            "inputs rotate over several sets while one call's bytes fit in twice the L2 cache.",
+        ]
+        Path(options.report).write_text(markdown(rows, header) + "\n", encoding="utf-8")
+    unfinished = sum(1 for row in rows if row.chosen is None)
+    return RunSummary(rows, device_name, db_path, gate_failures, unfinished, worker_errors, interrupted)
+
+
+def collect(
+    storage: Any, names: list[str], targets: list[Any], buckets: list[int], device_name: str
+) -> tuple[list[ResultRow], list[Any]]:
+    """Result rows for every study and database entries for every decided one."""
+    from layoutgen.tuning_db import TuningEntry, TuningKey
+
+    rows, entries = [], []
+    for target in targets:
+        for batch in buckets:
+            name = study_name(device_name, target, batch)
+            if name not in names:
+                continue
+            meta, final, evaluated, _ = _study_state(storage, name)
+            rows.append(ResultRow.from_study(meta, final, evaluated))
+            if not final or not final.get("chosen"):
+                continue
+            p = target.problem
+            key = TuningKey(spec=p.spec.name, kernel=p.kernel, N=p.N, heads_per_peer=p.heads_per_peer, D=p.D,
+                            dtype=p.dtype, batch_bucket=batch)  # fmt: skip
+            entries.append(
+                TuningEntry(
+                    key=key,
+                    config=final["config"],
+                    median_us=final["median_us"],
+                    p20_us=final["p20_us"],
+                    p80_us=final["p80_us"],
+                    default_us=final["default_us"],
+                    trials=final["trials"],
+                    spec_hash=target.spec_hash,
+                    source_hash=target.source_hash,
+                    measured_at=final["measured_at"],
+                )
+            )
+    return rows, entries
+
+
+def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter: Any) -> tuple[int, list[str]]:
+    """One `python -m layoutgen.tuning.worker` per GPU (CUDA_VISIBLE_DEVICES each), sharing the studies;
+    this process only polls the storage for progress."""
+    gpus = [] if options.interpret else visible_gpus()
+    if not options.interpret and len(gpus) < options.workers:
+        raise ValueError(f"--workers {options.workers} needs as many visible GPUs; found {len(gpus)}")
+    processes = []
+    for index in range(options.workers):
+        env = dict(os.environ)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[index]
+        command = [sys.executable, "-m", "layoutgen.tuning.worker", str(index), options.to_json()]
+        processes.append(subprocess.Popen(command, env=env))
+    pending = set(names)
+    try:
+        while any(process.poll() is None for process in processes):
+            pending = _poll(storage, pending, reporter)
+            time.sleep(POLL_INTERVAL_S)
+    except KeyboardInterrupt:
+        # The workers got the same SIGINT; give them time to mark their trials interrupted.
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        raise
+    _poll(storage, pending, reporter)
+    gate_failures, problems = 0, []
+    for index, process in enumerate(processes):
+        if process.returncode == GATE_FAILURE_EXIT:
+            gate_failures += 1
+        elif process.returncode != 0:
+            problems.append(f"worker {index} exited with status {process.returncode}")
+    return gate_failures, problems
+
+
+def _poll(storage: Any, pending: set[str], reporter: Any) -> set[str]:
+    still = set()
+    for name in sorted(pending):
+        meta, final, evaluated, best = _study_state(storage, name)
+        label = f"{meta['spec']} {meta['kernel']} N={meta['N']} H/N={meta['heads_per_peer']} D={meta['D']} B={meta['batch']}"
+        reporter.update(name, label, evaluated, int(meta["budget"]), best, bool(final))
+        if not final:
+            still.add(name)
+    return still
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a job limit, `timeout`) stops the search like Ctrl-C: in-flight trials are marked
+    interrupted and what was decided is still written."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def worker_main(argv: list[str]) -> int:
+    """Entry of a worker process: `python -m layoutgen.tuning.worker INDEX OPTIONS_JSON`."""
+    from layoutgen.tuning.study import QuietReporter, run_worker
+
+    index, options = int(argv[0]), TuneOptions.from_json(argv[1])
+    if options.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        with _sigterm_interrupts():
+            gate_failures = run_worker(options, index, QuietReporter())
+    except KeyboardInterrupt:
+        return 130
+    return GATE_FAILURE_EXIT if gate_failures else 0

@@ -1,0 +1,382 @@
+"""`layoutgen tune` on CPU: the Triton interpreter, tiny shapes, wall-clock timing.
+
+The whole pipeline runs for real (studies, gate, timing, finalize, database); tests that need a fault
+inject it by swapping the generated module's `_launch_pack` or the timer.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import itertools
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import torch
+from conftest import requires_interpreter
+from optuna.trial import TrialState
+from rich.console import Console
+
+import layoutgen
+from layoutgen.config import PackConfig
+from layoutgen.spec import bundled_specs
+from layoutgen.tuning import plan, runner, space, study
+from layoutgen.tuning.storage import open_storage
+from layoutgen.tuning.timing import WallClockTimer, summarize
+from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningKey, read_database
+
+
+def tiny_options(tmp_path: Path, **changes: Any) -> plan.TuneOptions:
+    """pack, N=2, H=4, D=8: B=1 has 4 feasible configs (exhaustive), B=3 has 12 (TPE, 4 trials)."""
+    fields: dict[str, Any] = {
+        "specs": ("pynccl_a2a",),
+        "kernels": ("pack",),
+        "shapes": ((2, 4, 8),),
+        "buckets": (1, 3),
+        "trials": 4,
+        "exhaustive_limit": 8,
+        "storage": str(tmp_path / "studies.journal"),
+        "db_dir": str(tmp_path / "db"),
+        "interpret": True,
+        "workers": 1,
+        "lookahead": 1,
+    }
+    fields.update(changes)
+    return plan.TuneOptions(**fields)
+
+
+def run_tune(options: plan.TuneOptions) -> runner.RunSummary:
+    return runner.run(options, Console(file=io.StringIO(), width=200))
+
+
+def all_trials(options: plan.TuneOptions) -> dict[str, list[optuna.trial.FrozenTrial]]:
+    storage = open_storage(options.storage)
+    return {
+        summary.study_name: optuna.load_study(study_name=summary.study_name, storage=storage).get_trials()
+        for summary in optuna.get_all_study_summaries(storage)
+    }
+
+
+def outcome(trial: optuna.trial.FrozenTrial) -> str | None:
+    return (trial.user_attrs.get("result") or {}).get("outcome")
+
+
+def assert_no_config_timed_twice(trials: dict[str, list[optuna.trial.FrozenTrial]]) -> None:
+    for name, study_trials in trials.items():
+        evaluated = Counter(tuple(sorted(t.params.items())) for t in study_trials if outcome(t) in study.EVALUATED)
+        assert evaluated, f"{name}: nothing evaluated"
+        repeated = {key: count for key, count in evaluated.items() if count > 1}
+        assert not repeated, f"{name}: configs evaluated more than once: {repeated}"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAYOUTGEN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Search spaces (no kernels run)
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", ["pack", "combine"])
+@pytest.mark.parametrize("spec_name", sorted(bundled_specs()))
+def test_feasible_points_obey_every_constraint(spec_name: str, kernel: str) -> None:
+    problem = space.Problem(bundled_specs()[spec_name], kernel, 4, 8, 512, "bfloat16")  # type: ignore[arg-type]
+    for batch in (1, 5, 64):
+        bound = space.bind(problem, batch)
+        feasible = bound.feasible()
+        assert feasible
+        elem = problem.wire_elem_size if kernel == "pack" else problem.elem_size
+        for config in feasible:
+            values = config.as_dict()
+            tile = config.tile_elements
+            threads = 32 * config.num_warps
+            assert values["block_batch"] <= space.next_pow2(batch)
+            assert values["block_head"] <= 8 and values["block_dim"] <= 512
+            assert values["block_dim"] * elem >= space.SECTOR_BYTES  # stores along dim span a sector
+            assert tile <= space.MAX_ELEMENTS_PER_THREAD * threads
+            assert config.num_warps == 1 or tile * elem >= space.MIN_BYTES_PER_THREAD * threads
+            assert bound.from_params(bound.to_params(config)) == config
+            low_high = bound.param_ranges()
+            assert all(low_high[k][0] <= v <= low_high[k][1] for k, v in bound.to_params(config).items())
+        # Everything the declared choices allow but the constraints reject is reported with a reason.
+        names = list(bound.choices)
+        rejected = 0
+        for values in itertools.product(*(bound.choices[name] for name in names)):
+            data = dict(zip(names, values, strict=True))
+            if math.prod(data[n] for n, _ in bound.space.blocks) > space.MAX_TILE_ELEMENTS:
+                continue
+            config = bound.config_type.from_dict(data)
+            if config not in feasible:
+                rejected += 1
+                assert bound.violations(config)
+        assert rejected > 0
+
+
+def test_infeasible_points_name_the_constraint() -> None:
+    problem = space.Problem(bundled_specs()["pynccl_a2a"], "pack", 2, 64, 512, "bfloat16")
+    bound = space.bind(problem, 64)
+    spills = PackConfig(block_peer=2, block_batch=16, block_head=64, block_dim=32, num_warps=1)
+    assert any("register spills" in reason for reason in bound.violations(spills))
+    idle = PackConfig(block_peer=1, block_batch=1, block_head=1, block_dim=64, num_warps=16)
+    assert any("bytes per thread" in reason for reason in bound.violations(idle))
+    narrow = PackConfig(block_peer=1, block_batch=1, block_head=64, block_dim=8, num_warps=4)
+    assert any("block_dim=8 not in" in reason for reason in bound.violations(narrow))
+
+
+def test_grid_defaults_cover_mla_and_plain_attention() -> None:
+    shapes = plan.grid_shapes(None, None, None, interpret=False)
+    assert {(H, D) for _, H, D in shapes} == {(16, 512), (128, 512), (32, 128)}
+    assert {N for N, _, _ in shapes} == {2, 4, 8}
+    assert plan.DEFAULT_BUCKETS[0] == 1 and plan.DEFAULT_BUCKETS[-1] == 4096
+    assert plan.grid_shapes([4], [6, 8], None, interpret=False) == ((4, 8, 512), (4, 8, 128))
+
+
+def test_options_survive_the_trip_to_a_worker_process(tmp_path: Path) -> None:
+    options = tiny_options(tmp_path, time_budget_s=12.5)
+    assert plan.TuneOptions.from_json(options.to_json()) == options
+
+
+def test_percentiles() -> None:
+    timing = summarize([5.0, 1.0, 2.0, 4.0, 3.0], calls=1)
+    assert (timing.median_us, timing.p20_us, timing.p80_us) == (3.0, 1.8, 4.2)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The pipeline under the interpreter
+# ---------------------------------------------------------------------------------------------------
+@requires_interpreter
+def test_pipeline_writes_a_database_that_dispatch_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    options = tiny_options(tmp_path, kernels=("pack", "combine"))
+    summary = run_tune(options)
+    assert summary.gate_failures == 0 and not summary.interrupted and summary.unfinished == 0
+    assert summary.db_path == tmp_path / "db" / "cpu-interpreter.json"
+    database = read_database(summary.db_path)
+    assert database.device_name == CPU_INTERPRETER_DEVICE
+    module = layoutgen.load("pynccl_a2a")
+    assert sorted(database.entries) == sorted(
+        TuningKey(spec="pynccl_a2a", kernel=k, N=2, heads_per_peer=2, D=8, dtype="bfloat16", batch_bucket=b).as_str()
+        for k in ("pack", "combine")
+        for b in (1, 3)
+    )
+    for entry in database.entries.values():
+        assert entry.spec_hash == module.SPEC_HASH and entry.source_hash == module.SOURCE_HASH
+        assert entry.trials >= 2 and entry.p20_us <= entry.median_us <= entry.p80_us and entry.default_us > 0
+        problem = space.Problem(module.SPEC, entry.key.kernel, 2, 2, 8, "bfloat16")
+        config = space.bind(problem, entry.key.batch_bucket).config_type.from_dict(entry.config)
+        target_default = plan.make_targets(options)[0].default_config(entry.key.batch_bucket)
+        assert space.bind(problem, entry.key.batch_bucket).is_feasible(config) or config == target_default
+    # Every study of the exhaustive bucket measured its whole space once.
+    trials = all_trials(options)
+    assert_no_config_timed_twice(trials)
+    # Runtime dispatch on the CPU device reads the database (the bucket for B=2 is 3).
+    try:
+        from layoutgen.runtime import configs
+    except ImportError:
+        pytest.skip("runtime dispatch (layoutgen.runtime.configs) is not available in this checkout")
+    monkeypatch.setenv(configs.TUNING_DB_ENV, str(tmp_path / "db"))
+    configs.reset()
+    for kernel in ("pack", "combine"):
+        chosen = configs.tuned_config(
+            module.SPEC, kernel, torch.device("cpu"), 2, 2, 8, torch.bfloat16, 2, module.SPEC_HASH, module.SOURCE_HASH
+        )
+        key = TuningKey(spec="pynccl_a2a", kernel=kernel, N=2, heads_per_peer=2, D=8, dtype="bfloat16", batch_bucket=3)
+        assert chosen is not None and chosen.as_dict() == database.entries[key.as_str()].config
+    configs.reset()
+
+
+@requires_interpreter
+def test_a_config_that_fails_to_compile_is_a_failed_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources
+
+    module = layoutgen.load("pynccl_a2a")
+    original = module._launch_pack
+
+    def launch(out: Any, lse: Any, bufs: Any, batch: int, config: PackConfig, index_64: bool, **kwargs: Any) -> None:
+        if config.block_head == 2 and config.block_peer == 1:
+            raise OutOfResources(300000, 232448, "shared memory")
+        if config.block_head == 2:
+            raise CompilationError(None, ast.Module(body=[], type_ignores=[]), "simulated compiler failure")
+        original(out, lse, bufs, batch, config, index_64, **kwargs)
+
+    monkeypatch.setattr(module, "_launch_pack", launch)
+    options = tiny_options(tmp_path, buckets=(1,))
+    summary = run_tune(options)
+    assert summary.gate_failures == 0 and summary.unfinished == 0
+    (trials,) = all_trials(options).values()
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    reasons = sorted(t.user_attrs["result"]["reason"] for t in failed)
+    assert len(failed) == 2 and all(outcome(t) == "launch_failed" for t in failed)
+    assert "CompilationError" in reasons[0] and "simulated compiler failure" in reasons[0]
+    assert "OutOfResources" in reasons[1] and "shared memory" in reasons[1]
+    # The study went on: the other two configs were measured and one of them won.
+    assert sum(1 for t in trials if outcome(t) == "measured") == 2
+    entry = next(iter(read_database(tmp_path / "db" / "cpu-interpreter.json").entries.values()))
+    assert entry.config["block_head"] == 1
+
+
+@requires_interpreter
+def test_the_gate_catches_a_broken_kernel_loudly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from layoutgen.cli import CommandFailed, app
+
+    module = layoutgen.load("pynccl_a2a")
+    original = module._launch_pack
+
+    def corrupting(out: Any, lse: Any, bufs: Any, batch: int, config: PackConfig, index_64: bool, **kw: Any) -> None:
+        original(out, lse, bufs, batch, config, index_64, **kw)
+        if config.block_peer == 2:  # a "kernel bug" that flips one payload byte
+            bufs.tensors["payload"].view(-1).view(torch.uint8)[5] ^= 0x40
+
+    monkeypatch.setattr(module, "_launch_pack", corrupting)
+    storage, db = tmp_path / "studies.journal", tmp_path / "db"
+    args = ["tune", "--interpret", "--spec", "pynccl_a2a", "--kernel", "pack", "--N", "2", "--heads", "4"]
+    args += ["--D", "8", "--batch", "1", "--storage", str(storage), "--db", str(db)]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, CommandFailed) and result.exception.code == 1, result.output
+    assert "correctness gate" in str(result.exception)
+    assert "fails the correctness gate" in result.output and "block_peer" in result.output
+    (trials,) = all_trials(tiny_options(tmp_path)).values()
+    broken = [t for t in trials if outcome(t) == "gate_failed"]
+    assert len(broken) == 2 and all(t.state == TrialState.FAIL for t in broken)
+    assert all(t.user_attrs["result"]["config"]["block_peer"] == 2 for t in broken)
+    assert "differ" in broken[0].user_attrs["result"]["reason"]
+    # The good configs were still measured and the recorded winner is one of them.
+    entry = next(iter(read_database(db / "cpu-interpreter.json").entries.values()))
+    assert entry.config["block_peer"] == 1
+
+
+class CountingTimer:
+    """Counts search timings (finalize re-times with `time_interleaved`, which is not counted)."""
+
+    def __init__(self, interrupt_at: int | None = None) -> None:
+        self.calls = 0
+        self.interrupt_at = interrupt_at
+        self.original = WallClockTimer.time
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        counter = self
+
+        def time(self: WallClockTimer, *args: Any, **kwargs: Any) -> Any:
+            counter.calls += 1
+            if counter.interrupt_at is not None and counter.calls == counter.interrupt_at:
+                raise KeyboardInterrupt
+            return counter.original(self, *args, **kwargs)
+
+        monkeypatch.setattr(WallClockTimer, "time", time)
+
+
+@requires_interpreter
+def test_resume_after_interruption_does_not_redo_trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    options = tiny_options(tmp_path)
+    first = CountingTimer(interrupt_at=4)
+    first.install(monkeypatch)
+    summary = run_tune(options)
+    assert summary.interrupted
+    trials = all_trials(options)
+    interrupted = [t for ts in trials.values() for t in ts if outcome(t) == "interrupted"]
+    measured_before = sum(1 for ts in trials.values() for t in ts if outcome(t) == "measured")
+    assert measured_before == 3 and len(interrupted) >= 1
+    assert not any(t.state == TrialState.RUNNING for ts in trials.values() for t in ts)
+
+    second = CountingTimer()
+    second.install(monkeypatch)
+    summary = run_tune(options)
+    assert not summary.interrupted and summary.unfinished == 0
+    trials = all_trials(options)
+    measured_after = sum(1 for ts in trials.values() for t in ts if outcome(t) == "measured")
+    assert measured_after == 4 + 4  # the exhaustive bucket's 4 configs and the TPE bucket's 4 trials
+    assert second.calls == measured_after - measured_before  # nothing finished before was timed again
+    assert_no_config_timed_twice(trials)
+
+    third = CountingTimer()
+    third.install(monkeypatch)
+    run_tune(options)
+    assert third.calls == 0
+
+
+@requires_interpreter
+def test_a_repeated_config_is_not_timed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    options = tiny_options(tmp_path, buckets=(1,))
+    (target,) = plan.make_targets(options)
+    storage = open_storage(options.storage)
+    name, _ = study.prepare_study(storage, options, CPU_INTERPRETER_DEVICE, target, 1)
+    duplicated = space.bind(target.problem, 1).to_params(target.default_config(1))
+    handle = optuna.load_study(study_name=name, storage=storage)
+    handle.enqueue_trial(duplicated)
+    handle.enqueue_trial(duplicated)
+    counter = CountingTimer()
+    counter.install(monkeypatch)
+    run_tune(options)
+    trials = all_trials(options)[name]
+    repeats = [t for t in trials if outcome(t) == "repeat"]
+    assert len(repeats) == 2
+    twin = next(t for t in trials if outcome(t) == "measured" and t.params == repeats[0].params)
+    assert all(t.value == twin.value and t.user_attrs["result"]["repeat_of"] == twin.number for t in repeats)
+    assert counter.calls == 4  # the four feasible configs, each timed once
+
+
+def run_two_workers(options: plan.TuneOptions) -> None:
+    summary = run_tune(options)
+    assert not summary.worker_errors, summary.worker_errors
+    assert summary.gate_failures == 0 and summary.unfinished == 0
+    trials = all_trials(options)
+    assert_no_config_timed_twice(trials)
+    claims = Counter(
+        str(t.user_attrs["claim"]["worker"]) for ts in trials.values() for t in ts if outcome(t) in study.EVALUATED
+    )
+    assert len(claims) == 2, f"expected both workers to measure, got {dict(claims)}"
+    storage = open_storage(options.storage)
+    for name, study_trials in trials.items():
+        budget = optuna.load_study(study_name=name, storage=storage).user_attrs["layoutgen"]["budget"]
+        assert sum(1 for t in study_trials if outcome(t) in study.EVALUATED) == budget, name
+
+
+@requires_interpreter
+def test_two_workers_share_a_journal_file_without_timing_a_config_twice(tmp_path: Path) -> None:
+    run_two_workers(tiny_options(tmp_path, workers=2, kernels=("pack", "combine"), trials=5))
+
+
+def test_cli_rejects_trials_with_time_budget(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from layoutgen.cli import CommandFailed, app
+
+    result = CliRunner().invoke(app, ["tune", "--interpret", "--trials", "3", "--time-budget", "5"])
+    assert isinstance(result.exception, CommandFailed) and "not both" in str(result.exception)
+
+
+def test_dry_run_prints_the_plan_without_tuning(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from layoutgen.cli import app
+
+    result = CliRunner().invoke(app, ["tune", "--dry-run", "--spec", "vllm_a2a", "--kernel", "combine"])
+    assert result.exit_code == 0, result.output
+    assert "117 studies" in result.output  # 9 default shapes x 13 buckets
+    assert not (tmp_path / "cache" / "tuning").exists()  # no study storage was created
+
+
+@requires_interpreter
+@pytest.mark.parametrize("spec_name", sorted(bundled_specs()))
+def test_the_compile_worker_drives_every_launcher_with_meta_tensors(spec_name: str) -> None:
+    """The pool worker's plumbing (meta buffers, the launcher's `kernel=` hook); under the interpreter the
+    warm-up compiles nothing, on a GPU the same call fills Triton's cache."""
+    from layoutgen.tuning.compile import CompileJob, batch_class, compile_variant
+
+    module = layoutgen.load(spec_name)
+    for kernel in ("pack", "combine"):
+        problem = space.Problem(module.SPEC, kernel, 2, 3, 16, "bfloat16")  # type: ignore[arg-type]
+        config = space.bind(problem, 5).feasible()[-1]
+        job = CompileJob(module.__file__, kernel, 2, 6, 16, "bfloat16", 16, 5, tuple(sorted(config.as_dict().items())))
+        assert compile_variant(job) is None
+    broken = CompileJob(module.__file__, "pack", 2, 6, 16, "bfloat16", 16, 5, (("block_dim", 3),))
+    failure = compile_variant(broken)
+    assert failure is not None and not failure.from_triton and "PackConfig" in failure.message
+    assert [batch_class(b) for b in (1, 2, 8, 16, 4096)] == ["one", "plain", "plain", "div16", "div16"]
+    assert job.variant == CompileJob(*job.__dict__.values()).variant
