@@ -380,3 +380,35 @@ def test_the_compile_worker_drives_every_launcher_with_meta_tensors(spec_name: s
     assert failure is not None and not failure.from_triton and "PackConfig" in failure.message
     assert [batch_class(b) for b in (1, 2, 8, 16, 4096)] == ["one", "plain", "plain", "div16", "div16"]
     assert job.variant == CompileJob(*job.__dict__.values()).variant
+
+
+@pytest.mark.gpu
+def test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool(tmp_path: Path) -> None:
+    """The GPU path end to end on two small buckets: compile pool, gate, CUDA-graph timing, copy ceiling."""
+    from layoutgen.tuning_db import current_device
+
+    options = tiny_options(
+        tmp_path,
+        shapes=((2, 16, 512),),
+        kernels=("pack", "combine"),
+        buckets=(1, 64),
+        trials=6,
+        exhaustive_limit=0,
+        interpret=False,
+        compile_workers=2,
+        lookahead=3,
+    )
+    summary = run_tune(options)
+    assert summary.gate_failures == 0 and summary.unfinished == 0 and not summary.worker_errors
+    device = current_device()
+    assert device is not None and summary.device_name == device[0]
+    database = read_database(summary.db_path)  # type: ignore[arg-type]
+    assert len(database.entries) == 4
+    for row in summary.rows:
+        assert row.copy_tbps is not None and row.copy_tbps > 0.5
+        assert row.median_us is not None and 0.5 < row.median_us < 1000
+        assert row.tbps is not None and row.tbps < 1.2 * row.copy_tbps
+    trials = all_trials(options)
+    assert_no_config_timed_twice(trials)
+    sets = {t.user_attrs["result"]["sets"] for ts in trials.values() for t in ts if outcome(t) == "measured"}
+    assert max(sets) > 1  # small buckets rotate their inputs

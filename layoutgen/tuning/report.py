@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -136,8 +137,25 @@ def result_tables(rows: list[ResultRow], title_suffix: str = "") -> list[Table]:
     return tables
 
 
+def summary_lines(rows: list[ResultRow]) -> list[str]:
+    """Per spec and kernel: geometric-mean speed-up over the default and how often the tuned config won."""
+    lines = []
+    for spec, spec_rows in by_spec(rows).items():
+        for kernel in ("pack", "combine"):
+            ratios = [r.speedup for r in spec_rows if r.kernel == kernel and r.speedup]
+            if not ratios:
+                continue
+            geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            tuned = sum(1 for r in spec_rows if r.kernel == kernel and r.chosen == "tuned")
+            lines.append(
+                f"{spec} {kernel}: geomean speed-up {geomean:.3f}x over the default in {len(ratios)} studies; "
+                f"tuned config kept in {tuned}"
+            )
+    return lines
+
+
 def markdown(rows: list[ResultRow], header: list[str]) -> str:
-    lines = [*header, ""]
+    lines = [*header, "", *(f"* {line}" for line in summary_lines(rows)), ""]
     for spec, spec_rows in by_spec(rows).items():
         lines += [f"## {spec}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(row_cells(row)) + " |" for row in spec_rows]

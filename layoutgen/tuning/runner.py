@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from layoutgen.tuning.plan import TuneOptions, make_targets, study_name
-from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables
+from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables, summary_lines
 from layoutgen.tuning.storage import describe_storage, open_storage
 
 #: Exit code of a worker that found a config failing the correctness gate.
@@ -121,12 +121,23 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
         wide = console if console.is_terminal else Console(file=console.file, width=max(console.width, 150))
         for table in result_tables(rows, suffix):
             wide.print(table)
+        for line in summary_lines(rows):
+            console.print(line)
     if options.report and rows:
+        from layoutgen.tuning_db import software_versions, utc_now
+
+        copy = next((r.copy_tbps for r in rows if r.copy_tbps), None)
+        timer = "wall clock under the Triton interpreter" if options.interpret else "CUDA-graph replays"
         header = [
             f"# layoutgen tune: {device_name}",
             "",
-            f"Timing: {'wall clock under the Triton interpreter' if options.interpret else 'CUDA-graph replays'}; "
-            "inputs rotate over several sets while one call's bytes fit in twice the L2 cache.",
+            f"{utc_now()}; {', '.join(f'{k} {v}' for k, v in software_versions().items())}; "
+            f"{len(rows)} studies; device copy bandwidth "
+            + (f"{copy:.2f} TB/s (read + write)." if copy else "not measured."),
+            "",
+            f"Timing: {timer}, median per call; inputs rotate over several sets while one call's bytes fit in "
+            'twice the L2 cache. "tuned µs" is the recorded config\'s median from the final interleaved '
+            're-timing with the default; "kept" says which config the database holds.',
         ]
         Path(options.report).write_text(markdown(rows, header) + "\n", encoding="utf-8")
     unfinished = sum(1 for row in rows if row.chosen is None)
