@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
@@ -46,6 +47,8 @@ MAX_ROTATING_SETS = 64
 #: Bandwidth assumed when sizing a graph before anything is measured (bytes per µs).
 ASSUMED_BYTES_PER_US = 3.0e6
 ASSUMED_LAUNCH_US = 2.0
+#: A candidate whose compile takes longer than this is a failed trial (ptxas can stall on huge tiles).
+COMPILE_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -266,7 +269,9 @@ def evaluate(
     """Compile (wait for the pool's compile), gate, time.  Machine errors (CUDA faults) propagate."""
     if compiled is not None:
         try:
-            problem = compiled.result()
+            problem = compiled.result(timeout=COMPILE_TIMEOUT_S)
+        except FutureTimeout:
+            return Measurement("compile_failed", reason=f"the compile took over {COMPILE_TIMEOUT_S:.0f} s")
         except Exception:  # a broken pool only loses the head start; the launch below compiles
             problem = None
         if problem is not None and problem.from_triton:
