@@ -169,10 +169,9 @@ def main() -> None:
     except (typer.Exit, SystemExit) as done:
         code = getattr(done, "exit_code", getattr(done, "code", 0))
         sys.exit(code)
-    except Exception as error:  # a click usage error or an unexpected failure
-        import click
-
-        if isinstance(error, click.ClickException):
+    except Exception as error:  # a usage error from typer's click, or an unexpected failure
+        # typer >= 0.29 vendors click, so usage errors are recognised by their interface, not their class.
+        if callable(getattr(error, "show", None)) and isinstance(getattr(error, "exit_code", None), int):
             error.show()
             sys.exit(error.exit_code)
         if _debug["on"]:

@@ -102,14 +102,6 @@ def test_missing_spec_file_is_a_short_error(tmp_path):
     assert "Traceback" not in result.stderr and "nope.yaml" in result.stderr and "no such file" in result.stderr
 
 
-# cli.main() handles usage and unexpected errors with `import click`, but typer 0.29 vendors click
-# (typer._click) and click is not installed: both paths end in a ModuleNotFoundError traceback.
-CLICK_IMPORT_BUG = pytest.mark.xfail(
-    strict=True, reason="layoutgen/cli.py main() imports click, absent with typer>=0.29; remove when fixed"
-)
-
-
-@CLICK_IMPORT_BUG
 def test_two_specs_with_one_name_is_a_short_error(tmp_path):
     copy = _write_spec(tmp_path / "copy.yaml", yaml.safe_load(PYNCCL_SPEC.read_text()))
     result = layoutgen(
@@ -119,7 +111,6 @@ def test_two_specs_with_one_name_is_a_short_error(tmp_path):
     assert "Traceback" not in result.stderr and "both have name 'pynccl_a2a'" in result.stderr
 
 
-@CLICK_IMPORT_BUG
 def test_unknown_option_is_a_usage_error(tmp_path):
     result = layoutgen("build", "--bogus", cwd=tmp_path)
     assert result.returncode == 2

@@ -76,7 +76,7 @@ def packaged_database_dir() -> Path:
     root = source_root()
     if root is not None:
         return root / "tuning_db"
-    return Path(__file__).resolve().parent.parent / "tuning_db"
+    return Path(__file__).resolve().parent.parent / "_tuning_db"  # pyproject maps tuning_db/ there
 
 
 def device_name(device: torch.device) -> str:
