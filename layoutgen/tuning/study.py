@@ -18,8 +18,8 @@ A run has three phases.
 
 Trial outcomes (user attribute `result["outcome"]`): measured, compile_failed, launch_failed,
 gate_failed (these are "evaluated" and count toward the budget), repeat (a copy of an evaluated twin),
-infeasible (pruned before any compile), interrupted (Ctrl-C or a dead worker; the config is tried again
-on the next run).
+infeasible (pruned before any compile), surplus (another worker claimed the last of the budget first),
+interrupted (Ctrl-C or a dead worker; the config is tried again on the next run).
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ def _result(trial: FrozenTrial) -> dict[str, Any]:
 
 def _outcome(trial: FrozenTrial) -> str | None:
     return _result(trial).get("outcome")
+
+
+def _claim_order(trial: FrozenTrial) -> tuple[float, int]:
+    """Claims order trials that compete for one config or the last of a budget: first claimed wins."""
+    claim = trial.user_attrs.get("claim")
+    return (float(claim["at"]), trial.number) if claim else (float("inf"), trial.number)
 
 
 def params_key(params: dict[str, Any]) -> tuple[tuple[str, int], ...]:
@@ -269,6 +275,8 @@ class BucketSearch:
         self.inflight: dict[int, Pending] = {}
         self.deferred: dict[int, Deferred] = {}
         self.idle_asks = 0
+        #: Whether the last ask used no budget (an infeasible point or a repeat of an evaluated config).
+        self.last_ask_idle = False
         self._workload: Workload | None = None
         trials = self.trials()
         measured = [t for t in trials if _outcome(t) == "measured" and t.value is not None]
@@ -332,8 +340,10 @@ class BucketSearch:
             problems = self.space.violations(config)
         except (TypeError, ValueError) as error:
             config, problems = None, [str(error)]
+        self.last_ask_idle = False
         if config is None or problems:
             self.idle_asks += 1
+            self.last_ask_idle = True
             trial.set_user_attr("result", {"outcome": "infeasible", "reason": "; ".join(problems)})
             self.study.tell(trial, state=TrialState.PRUNED)
             return None
@@ -344,21 +354,25 @@ class BucketSearch:
     def route(self, trial: optuna.Trial, config: KernelConfig, claim: dict[str, Any]) -> Pending | None:
         """Measure `trial` here, unless a twin (same config) was evaluated or claimed first."""
         key = params_key(trial.params)
-        twins = [t for t in self.trials() if t.number != trial.number and params_key(t.params) == key]
+        mine = (float(claim["at"]), trial.number)
+        trials = self.trials()
+        others = [t for t in trials if t.number != trial.number]
+        twins = [t for t in others if params_key(t.params) == key]
         for twin in twins:
             if _outcome(twin) in EVALUATED:
                 self.idle_asks += 1
+                self.last_ask_idle = True
                 self.copy_from(trial, twin)
                 return None
-        earlier = [
-            t
-            for t in twins
-            if t.state == TrialState.RUNNING
-            and t.user_attrs.get("claim")
-            and (float(t.user_attrs["claim"]["at"]), t.number) < (float(claim["at"]), trial.number)
-        ]
+        claimed_before = [t for t in others if t.state == TrialState.RUNNING and _claim_order(t) < mine]
+        earlier = [t for t in claimed_before if t in twins]
         if earlier:
             self.deferred[trial.number] = Deferred(trial, config, claim, earlier[0].number)
+            return None
+        if not self.exhaustive and self.evaluated(trials) + len(claimed_before) >= self.budget:
+            # Another worker claimed the last of the budget first (both asked from the same snapshot).
+            trial.set_user_attr("result", {"outcome": "surplus", "config": config.as_dict()})
+            self.study.tell(trial, state=TrialState.FAIL)
             return None
         self.idle_asks = 0
         pending = Pending(self, trial, config, self.ctx.pool.submit(self.workload().compile_job(config)))
@@ -590,13 +604,12 @@ def search_family(ctx: Context, target: Target, buckets: list[int], deadline: fl
     def refill(search: BucketSearch) -> None:
         room = search.room(search.trials())
         while room > 0 and len(search.inflight) < lookahead and search.idle_asks < MAX_IDLE_ASKS:
-            deferred = len(search.deferred)
             pending = search.ask()
             if pending is not None:
                 queue.append(pending)
-            # An exhaustive ask pops an enqueued config whatever becomes of it; a TPE ask uses budget only
-            # when it claims a trial (measured here or deferred to a twin).
-            if search.exhaustive or pending is not None or len(search.deferred) > deferred:
+            # An exhaustive ask pops an enqueued config whatever becomes of it; a TPE ask uses the room
+            # unless it was idle (infeasible, a repeat): measured here, deferred to a twin, or surplus.
+            if search.exhaustive or not search.last_ask_idle:
                 room -= 1
 
     try:
