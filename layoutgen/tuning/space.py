@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from layoutgen.config import MAX_TILE_ELEMENTS, CombineConfig, KernelConfig, PackConfig, next_pow2
 from layoutgen.spec import LayoutSpec, PayloadDtype
@@ -138,7 +138,7 @@ def param_name(config_field: str) -> str:
     return f"log2_{config_field}"
 
 
-_feasible_cache: dict[tuple[str, str, int], list[KernelConfig]] = {}
+_feasible_cache: dict[tuple[Any, ...], list[KernelConfig]] = {}
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,13 @@ class BoundSpace:
 
     def feasible(self) -> list[KernelConfig]:
         """Every feasible config, in a deterministic order."""
-        key = (self.problem.spec.layout_hash(), self.problem.label, self.batch)
+        # Buckets beyond the batch cap share their space: key by what the constraints read, not by batch.
+        key = (
+            self.problem.spec.layout_hash(),
+            self.problem.label,
+            tuple(self.choices.items()),
+            min(MIN_TILE_BYTES, self.problem_bytes // 16),
+        )
         found = _feasible_cache.get(key)
         if found is None:
             names = list(self.choices)
