@@ -126,13 +126,30 @@ def default_pack_config(spec: LayoutSpec, N: int, heads_per_peer: int, D: int, B
 def default_combine_config(
     spec: LayoutSpec, N: int, heads_per_peer: int, D: int, B: int, elem_size: int
 ) -> CombineConfig:
-    """Small one-warp tiles: each program loops over N peers, so parallelism comes from many programs.
-    H200, bf16, H = 128, D = 512 (benchmarks/results/probe_small_batch_H200.json): 2 heads x 128
-    elements x 1 warp was the best of a 27-config grid for vllm_a2a at N = 8, B = 8 (1.88 µs) and
-    B = 1024 (36.3 µs); the earlier default, 4 heads x 512 x 4 warps, took 2.94 µs at N = 8, B = 8."""
+    """Small one-warp tiles, grown only until a program loads about 2048 elements over its N peers.
+
+    Each program loops over the N peers, so parallelism comes from many programs.  H200, bf16, D = 512
+    (benchmarks/results/): 2 heads x 128 elements x 1 warp was the best of a 27-config grid for vllm_a2a
+    at N = 8, B = 8 (1.88 µs) and B = 1024 (36.3 µs), where the earlier 4 x 512 x 4 warps took 2.94 µs
+    at B = 8; with N = 2 the same small tile starves each program (H = 16, B = 1024: 11.4 µs against
+    sglang's 7.8 µs with 512-element programs), hence the growth with 2048 / N.
+    """
     if spec.payload.axes[-1] == "batch":
         # Loads coalesce along batch: a run of rows, a narrow dim block.
         block_batch, block_head, block_dim = min(next_pow2(B), 32), 1, min(next_pow2(D), 32)
-    else:
-        block_batch, block_head, block_dim = 1, min(2, next_pow2(heads_per_peer)), min(next_pow2(D), 128)
-    return CombineConfig(block_batch=block_batch, block_head=block_head, block_dim=block_dim, num_warps=1)
+        return CombineConfig(block_batch=block_batch, block_head=block_head, block_dim=block_dim, num_warps=1)
+    heads, dims = next_pow2(heads_per_peer), next_pow2(D)
+    block_head, block_dim = min(2, heads), min(128, dims)
+
+    def programs() -> int:
+        return B * -(-heads_per_peer // block_head) * -(-D // block_dim)
+
+    while block_head * block_dim * N < 2048 and programs() >= 4 * 132:
+        if block_dim < min(512, dims):
+            block_dim *= 2
+        elif block_head < heads:
+            block_head *= 2
+        else:
+            break
+    warps = max(1, min(8, block_head * block_dim // 256))
+    return CombineConfig(block_batch=1, block_head=block_head, block_dim=block_dim, num_warps=warps)
