@@ -7,11 +7,13 @@ message and exit non-zero; `--debug` shows the traceback.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -30,7 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)  # one error per line: paths and messages never wrap
 _debug = {"on": False}
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -123,12 +125,19 @@ def _verify(paths: list[Path]) -> None:
     )
     for column in ("spec", "buffers", "shapes checked", "pack exact", "combine max error"):
         table.add_column(column)
-    failed = []
-    for path in paths:
-        with warnings.catch_warnings():
-            # The interpreter's numpy log(0) for all-empty rows is the contract (-inf), not a fault.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            result = verify_module(load_path(path), device=device)
+    failed: list[str] = []
+    # Importing a module would write __pycache__/ next to it: `build --out D` writes D/<name>.py and nothing else.
+    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        results = []
+        for path in paths:
+            with warnings.catch_warnings():
+                # The interpreter's numpy log(0) for all-empty rows is the contract (-inf), not a fault.
+                warnings.simplefilter("ignore", RuntimeWarning)
+                results.append(verify_module(load_path(path), device=device))
+    finally:
+        sys.dont_write_bytecode = write_bytecode
+    for result in results:
         table.add_row(
             result.spec_name,
             escape(result.buffers),
@@ -149,27 +158,62 @@ cli_tune.register(app)
 app.add_typer(db_app, name="db")
 
 
+_interrupts = {"seen": False}
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    # Remember the Ctrl-C: a library may swallow the KeyboardInterrupt (typer returns 130 outside standalone
+    # mode) or turn it into another error (an import interrupted half-way); the exit says "interrupted" anyway.
+    _interrupts["seen"] = True
+    signal.default_int_handler(signum, frame)
+
+
+def _exit_interrupted() -> NoReturn:
+    errors.print("[red]interrupted[/red]")
+    sys.exit(130)
+
+
 def main() -> None:
-    """Entry point: run the app, turning expected errors into one-line messages."""
+    """Entry point: run the app, turning expected errors into one-line messages (never wrapped by the console's
+    width: a message is one line for grep and logs however long its paths are) and Ctrl-C into exit 130."""
+    _interrupts["seen"] = False
+    watch = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
+        signal.SIG_IGN,
+        None,
+    )
+    previous = signal.signal(signal.SIGINT, _on_interrupt) if watch else None
     try:
-        app(standalone_mode=False)
+        _run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run() -> None:
+    try:
+        returned = app(standalone_mode=False)
     except CommandFailed as failure:
+        if _interrupts["seen"]:
+            _exit_interrupted()
         errors.print("[red]error:[/red] ", end="")
-        errors.print(str(failure), markup=False, highlight=False)
+        errors.print(str(failure), markup=False, highlight=False, soft_wrap=True)
         sys.exit(failure.code)
     except SpecError as error:
         if _debug["on"]:
             raise
         errors.print("[red]error:[/red] ", end="")
-        errors.print(str(error), markup=False, highlight=False)
+        errors.print(str(error), markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        errors.print("[red]interrupted[/red]")
-        sys.exit(130)
+        _exit_interrupted()
     except (typer.Exit, SystemExit) as done:
         code = getattr(done, "exit_code", getattr(done, "code", 0))
+        if code in (0, None) and _interrupts["seen"]:
+            _exit_interrupted()
         sys.exit(code)
     except Exception as error:  # a usage error from typer's click, or an unexpected failure
+        if _interrupts["seen"]:
+            _exit_interrupted()
         # typer >= 0.29 vendors click, so usage errors are recognised by their interface, not their class.
         if callable(getattr(error, "show", None)) and isinstance(getattr(error, "exit_code", None), int):
             error.show()
@@ -177,9 +221,20 @@ def main() -> None:
         if _debug["on"]:
             raise
         errors.print("[red]error:[/red] ", end="")
-        errors.print(f"{type(error).__name__}: {error}  (rerun with --debug for the traceback)", markup=False)
+        errors.print(
+            f"{type(error).__name__}: {error}  (rerun with --debug for the traceback)", markup=False, soft_wrap=True
+        )
         sys.exit(1)
+    # Outside standalone mode typer returns the code of a typer.Exit (130 for a Ctrl-C) instead of exiting.
+    if returned == 130 or _interrupts["seen"]:
+        _exit_interrupted()
+    if isinstance(returned, int) and not isinstance(returned, bool) and returned:
+        sys.exit(returned)
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m layoutgen.cli` runs this file as `__main__`, a second copy of the module; the commands raise
+    # `layoutgen.cli.CommandFailed`, which only the canonical module's main() recognises.
+    from layoutgen.cli import main as entry_point
+
+    entry_point()

@@ -8,8 +8,10 @@ spec can change the code around it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,12 +197,31 @@ def render(spec: LayoutSpec, spec_file: str) -> str:
     )
 
 
+def _lock_dir() -> Path:
+    """This user's private lock directory in the temporary directory.
+
+    Per user and checked: in a shared /tmp, a directory another user created (or a symlink planted there)
+    must not decide where this user's lock files are created.
+    """
+    base = Path(tempfile.gettempdir())
+    if not hasattr(os, "getuid"):  # Windows: the temporary directory is per user already
+        directory = base / "layoutgen-locks"
+        directory.mkdir(exist_ok=True)
+        return directory
+    directory = base / f"layoutgen-locks-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    status = os.lstat(directory)
+    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid() or status.st_mode & 0o077:
+        raise PermissionError(
+            errno.EPERM, f"lock directory {directory} is not a private directory of this user; remove it"
+        )
+    return directory
+
+
 def _lock_file(path: Path) -> str:
     """A lock per output file, kept out of the output directory (users' --out dirs stay clean)."""
     digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:24]
-    directory = Path(tempfile.gettempdir()) / "layoutgen-locks"
-    directory.mkdir(exist_ok=True)
-    return str(directory / f"{digest}.lock")
+    return str(_lock_dir() / f"{digest}.lock")
 
 
 def write_if_changed(path: Path, content: str) -> bool:

@@ -15,7 +15,7 @@ import hashlib
 import json
 import keyword
 import sys
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,21 @@ PAYLOAD_AXES: tuple[str, ...] = ("peer", "batch", "head", "dim")
 STATS_AXES: tuple[str, ...] = ("peer", "batch", "head", "slot")
 #: Specs larger than this are not layout specs; refusing them bounds parsing work.
 MAX_SPEC_BYTES = 64 * 1024
+#: A report lists at most this many problems (a file of 6000 unknown keys stays one screen).
+MAX_PROBLEMS_SHOWN = 10
+#: YAML nesting deeper than this is refused before it is built (a spec is 3 deep; PyYAML composes recursively).
+MAX_YAML_DEPTH = 16
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
-# Names that would shadow a module the generated code (or its importer) needs.
-_RESERVED_NAMES = frozenset(sys.stdlib_module_names) | {"torch", "triton", "layoutgen", "generated"}
+# Names that would shadow a module the generated code (or its importer) needs, that Python or pytest import on
+# their own when found on the path, or that Windows treats as devices whatever the extension.
+_RESERVED_NAMES = (
+    frozenset(sys.stdlib_module_names)
+    | {"torch", "triton", "layoutgen", "generated", "numpy", "jinja2", "pydantic", "pydantic_core", "yaml"}
+    | {"typer", "click", "rich", "filelock", "optuna", "platformdirs"}
+    | {"sitecustomize", "usercustomize", "conftest", "setup"}
+    | {"con", "prn", "aux", "nul"}
+    | {f"{device}{number}" for device in ("com", "lpt") for number in range(10)}
+)
 
 
 class Transport(str, Enum):
@@ -124,8 +136,8 @@ class LayoutSpec(_Model):
     def _name_is_not_reserved(cls, name: str) -> str:
         if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in _RESERVED_NAMES:
             raise ValueError(
-                f"'{name}' is a Python keyword or the name of a module the generated code imports; "
-                "choose another name, e.g. 'my_backend_a2a'"
+                f"'{name}' is a Python keyword or a reserved name (a module Python, pytest or the generated code "
+                "imports, or a Windows device); choose another name, e.g. 'my_backend_a2a'"
             )
         return name
 
@@ -188,8 +200,10 @@ class SpecError(ValueError):
     def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
         self.source = source
         self.problems = problems
-        lines = [f"{source}: invalid layout spec"]
-        lines += [f"  {field}: {message}" for field, message in problems]
+        lines = [f"{_shown(source, limit=1000)}: invalid layout spec"]  # a file name may hold a newline
+        lines += [f"  {field}: {message}" for field, message in problems[:MAX_PROBLEMS_SHOWN]]
+        if len(problems) > MAX_PROBLEMS_SHOWN:
+            lines.append(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problem(s)")
         super().__init__("\n".join(lines))
 
 
@@ -199,18 +213,25 @@ _FIX_HINTS: dict[str, str] = {
 }
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    """Text that may quote the spec (unknown keys, values, the file name) as a report shows it: control and
+    format characters escaped, so it stays on its line and draws as written; at most `limit` characters."""
+    printable = "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+    return printable if len(printable) <= limit else printable[: limit - 3] + "..."
+
+
 def _problems_from(error: ValidationError) -> list[tuple[str, str]]:
     problems = []
     for item in error.errors(include_url=False):
         ctx_error = (item.get("ctx") or {}).get("error")
         if isinstance(ctx_error, _FieldError):
-            problems.append((ctx_error.field, ctx_error.message))
+            problems.append((ctx_error.field, _shown(ctx_error.message, limit=400)))
             continue
-        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        field = _shown(".".join(str(part) for part in item["loc"])) or "(top level)"
         message = _FIX_HINTS.get(item["type"], item["msg"].removeprefix("Value error, "))
         if item["type"] == "string_pattern_mismatch":
             message = f"must match {NAME_PATTERN} (lower-case letter, then lower-case letters, digits, _)"
-        problems.append((field, message))
+        problems.append((field, _shown(message, limit=400)))  # messages may quote the spec's own values
     return problems
 
 
@@ -225,7 +246,10 @@ def parse_spec(data: Any, source: str = "<spec>") -> LayoutSpec:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """Safe loader that also refuses aliases (no billion-laughs expansion) and duplicate keys."""
+    """Safe loader that also refuses aliases (no billion-laughs expansion), nesting deeper than
+    MAX_YAML_DEPTH (PyYAML would recurse until RecursionError) and duplicate keys."""
+
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
         if self.check_event(yaml.AliasEvent):
@@ -233,12 +257,34 @@ class _StrictLoader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(
                 None, None, "YAML aliases are not allowed in layout specs; write the value out", event.start_mark
             )
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"nested deeper than {MAX_YAML_DEPTH} levels; a layout spec is 3 levels deep",
+                self.peek_event().start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    "YAML merge keys (<<) are not allowed in layout specs; write the keys out",
+                    key_node.start_mark,
+                )
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a key is a list or a mapping; keys are plain words", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}; keep one", key_node.start_mark
@@ -253,7 +299,9 @@ def parse_spec_text(text: str, source: str = "<spec>") -> LayoutSpec:
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as error:
-        raise SpecError(source, [("(yaml)", " ".join(str(error).split()))]) from None
+        raise SpecError(source, [("(yaml)", _shown(" ".join(str(error).split()), limit=400))]) from None
+    except ValueError as error:  # e.g. an integer longer than Python's int-from-text limit
+        raise SpecError(source, [("(yaml)", _shown(" ".join(str(error).split()), limit=200))]) from None
     return parse_spec(data, source)
 
 
@@ -261,7 +309,12 @@ def load_spec(path: str | Path) -> LayoutSpec:
     """Read and validate one YAML spec file; raise :class:`SpecError` naming the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        # Never more than the limit plus one byte: /dev/zero or a huge file is refused, not read into memory.
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise SpecError(str(path), [("(file)", f"larger than {MAX_SPEC_BYTES} bytes; a layout spec is ~20 lines")])
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise SpecError(str(path), [("(file)", "no such file; check the path")]) from None
     except IsADirectoryError:

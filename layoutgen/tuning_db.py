@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 #: Where `layoutgen tune --interpret` records its (meaningless for speed) timings; GPU dispatch never reads it.
@@ -95,12 +95,12 @@ class TuningEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     key: TuningKey
-    config: dict[str, int]
+    config: dict[str, StrictInt]  # a hand-edited "8" or true is an error, not a launch parameter
     median_us: float = Field(ge=0)
     p20_us: float = Field(ge=0)
     p80_us: float = Field(ge=0)
     default_us: float = Field(ge=0)
-    trials: int = Field(ge=0)
+    trials: StrictInt = Field(ge=0)
     spec_hash: str = Field(min_length=1)
     source_hash: str = Field(min_length=1)
     measured_at: str
@@ -121,7 +121,7 @@ class TuningDatabase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: int
+    schema_version: StrictInt  # `true`, "1" or 1.0 are not version 1
     device_name: str = Field(min_length=1)
     compute_capability: str
     versions: dict[str, str] = Field(default_factory=dict)
@@ -202,6 +202,8 @@ def parse_database(text: str, source: str) -> TuningDatabase:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise DatabaseError(f"tuning database {source} is not valid JSON: {error}") from None
+    except (ValueError, RecursionError) as error:  # a number too long to convert; nesting beyond the stack
+        raise DatabaseError(f"tuning database {source} is not usable JSON: {str(error)[:200]}") from None
     if not isinstance(data, dict):
         raise DatabaseError(f"tuning database {source} must hold a JSON object, got {type(data).__name__}")
     try:

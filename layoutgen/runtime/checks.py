@@ -32,7 +32,15 @@ def check_buffers(spec: LayoutSpec, bufs: Any, label: str = "bufs") -> LayoutBuf
     expected = buffer_shapes(spec, bufs.shape)
     if set(bufs.tensors) != set(expected):
         raise ValueError(f"{label}.tensors must hold {sorted(expected)}, got {sorted(bufs.tensors)}")
-    device = bufs.tensors["payload"].device
+    payload = bufs.tensors["payload"]
+    if spec.row_tail and isinstance(payload, torch.Tensor) and payload.element_size() < 4 and payload.data_ptr() % 4:
+        # The LSE is a float32 word inside the rows (every row is a multiple of 4 bytes): a GPU faults on a
+        # misaligned 4-byte access, so a payload view starting mid-word is refused here.
+        raise ValueError(
+            f"{label}.tensors['payload'] must start at a 4-byte aligned address (its rows hold float32 LSE words); "
+            f"got address {payload.data_ptr():#x}. Allocate with alloc() or hand in an aligned view"
+        )
+    device = payload.device
     for name, (_, extents, dtype) in expected.items():
         got = bufs.tensors[name]
         if (
@@ -56,6 +64,19 @@ def check_config(config: Any, kind: type[KernelConfig]) -> None:
 
 def _max_offset(tensor: torch.Tensor) -> int:
     return sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size > 0)
+
+
+def overlaps_itself(tensor: torch.Tensor) -> bool:
+    """Whether two positions of `tensor` may share an element (e.g. an expand()ed view); conservative."""
+    if tensor.numel() == 0:
+        return False
+    reach = 0  # the largest offset the dims with smaller strides address
+    dims = sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size > 1)
+    for stride, size in dims:
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
 
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
@@ -107,4 +128,9 @@ def check_combine_args(spec: LayoutSpec, bufs: Any, B: Any, lse_base: Any, out: 
         if tuple(out.shape) != out_shape or out.dtype != bufs.dtype or out.device != bufs.device:
             raise ValueError(
                 f"out must have shape {list(out_shape)}, dtype {bufs.dtype}, device {bufs.device}; got {describe(out)}"
+            )
+        if overlaps_itself(out):
+            raise ValueError(
+                "out must not overlap itself (e.g. an expand()ed view: programs would race to write one element); "
+                f"got {describe(out)}"
             )

@@ -64,7 +64,7 @@ def database_dirs() -> list[Path]:
     dirs = []
     override = os.environ.get(TUNING_DB_ENV, "").strip()
     if override:
-        dirs.append(Path(override).expanduser())
+        dirs.append(Path(os.path.expanduser(override)))  # unlike Path.expanduser, never raises for `~nobody`
     dirs.append(packaged_database_dir())
     return dirs
 
@@ -92,7 +92,12 @@ def _database(path: Path) -> tuning_db.TuningDatabase | None:
     if path in _databases:
         return _databases[path]
     database: tuning_db.TuningDatabase | None = None
-    if path.is_file():
+    try:
+        exists = path.is_file()
+    except OSError as error:  # e.g. a LAYOUTGEN_TUNING_DB path too long for the file system
+        warn_once(("corrupt", path), f"ignoring the tuning database {path}: {error}")
+        exists = False
+    if exists:
         try:
             database = tuning_db.read_database(path)
         except tuning_db.DatabaseError as error:
