@@ -196,13 +196,13 @@ def _run() -> None:
         if _interrupts["seen"]:
             _exit_interrupted()
         errors.print("[red]error:[/red] ", end="")
-        errors.print(str(failure), markup=False, highlight=False, soft_wrap=True)
+        errors.print(str(failure), markup=False, highlight=False)
         sys.exit(failure.code)
     except SpecError as error:
         if _debug["on"]:
             raise
         errors.print("[red]error:[/red] ", end="")
-        errors.print(str(error), markup=False, highlight=False, soft_wrap=True)
+        errors.print(str(error), markup=False, highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         _exit_interrupted()
@@ -222,7 +222,7 @@ def _run() -> None:
             raise
         errors.print("[red]error:[/red] ", end="")
         errors.print(
-            f"{type(error).__name__}: {error}  (rerun with --debug for the traceback)", markup=False, soft_wrap=True
+            f"{type(error).__name__}: {error}  (rerun with --debug for the traceback)", markup=False
         )
         sys.exit(1)
     # Outside standalone mode typer returns the code of a typer.Exit (130 for a Ctrl-C) instead of exiting.

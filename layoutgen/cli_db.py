@@ -142,6 +142,9 @@ def check(db: DbOption = None) -> None:
     from layoutgen.tuning_db import DatabaseError, device_file_name, read_database
 
     directories = _dirs(db)
+    missing = [str(d) for d in (db or []) if not Path(d).is_dir()]
+    if missing:
+        raise CommandFailed(f"no such database directory: {', '.join(missing)}; check --db", code=2)
     files = _files(directories, None)
     hashes = _current_hashes()
     problems = 0
