@@ -221,9 +221,7 @@ def _run() -> None:
         if _debug["on"]:
             raise
         errors.print("[red]error:[/red] ", end="")
-        errors.print(
-            f"{type(error).__name__}: {error}  (rerun with --debug for the traceback)", markup=False
-        )
+        errors.print(f"{type(error).__name__}: {error}  (rerun with --debug for the traceback)", markup=False)
         sys.exit(1)
     # Outside standalone mode typer returns the code of a typer.Exit (130 for a Ctrl-C) instead of exiting.
     if returned == 130 or _interrupts["seen"]:
