@@ -47,6 +47,10 @@ from layoutgen.tuning.timing import Timing
 EVALUATED = ("measured", "compile_failed", "launch_failed", "gate_failed")
 #: A RUNNING trial of another host whose claim is this old belongs to a dead worker.
 STALE_AFTER_S = 900.0
+#: A worker claims a trial right after asking for it (milliseconds, even on a remote PostgreSQL); one
+#: still unclaimed after this long was asked by a worker interrupted in between (Ctrl-C), so a re-run
+#: need not wait a minute to take it over.
+UNCLAIMED_STALE_AFTER_S = 10.0
 #: Minimum gain over the default, as a fraction, for a winner to be written (timing noise floor).
 NOISE_FLOOR = 0.02
 #: A candidate slower than this multiple of the study's best stops timing after MIN_REPEATS samples.
@@ -170,14 +174,14 @@ def _pid_alive(pid: int) -> bool:
 
 def is_stale(trial: FrozenTrial, now: float | None = None) -> bool:
     """A RUNNING trial whose worker is gone: a dead process on this host, or a claim older than
-    STALE_AFTER_S (another host), or never claimed for a minute."""
+    STALE_AFTER_S (another host), or never claimed for UNCLAIMED_STALE_AFTER_S."""
     if trial.state != TrialState.RUNNING:
         return False
     now = time.time() if now is None else now
     claim = trial.user_attrs.get("claim")
     if not claim:
         started = trial.datetime_start.timestamp() if trial.datetime_start else now
-        return now - started > 60.0
+        return now - started > UNCLAIMED_STALE_AFTER_S
     host, _, pid = str(claim.get("worker", "")).rpartition(":")
     if host == socket.gethostname() and pid.isdigit():
         return int(pid) != os.getpid() and not _pid_alive(int(pid))
