@@ -215,9 +215,10 @@ def _run() -> None:
         if _interrupts["seen"]:
             _exit_interrupted()
         # typer >= 0.29 vendors click, so usage errors are recognised by their interface, not their class.
-        if callable(getattr(error, "show", None)) and isinstance(getattr(error, "exit_code", None), int):
-            error.show()
-            sys.exit(error.exit_code)
+        show, exit_code = getattr(error, "show", None), getattr(error, "exit_code", None)
+        if callable(show) and isinstance(exit_code, int):
+            show()
+            sys.exit(exit_code)
         if _debug["on"]:
             raise
         errors.print("[red]error:[/red] ", end="")
