@@ -150,6 +150,7 @@ class Dispatcher:
         if _is_compiling():
             self._pack_traced(out, lse, bufs, config)
             return
+        # The same lookup as pack_plan(), inlined: the eager hot path is one dict hit, no extra call.
         try:
             plan = bufs.__dict__[_PLANS][
                 (
