@@ -67,7 +67,9 @@ def _study_state(storage: Any, name: str) -> tuple[dict[str, Any], dict[str, Any
     trials = storage.get_all_trials(study_id, deepcopy=False)
     results = [t.user_attrs.get("result") or {} for t in trials]
     evaluated = sum(1 for r in results if r.get("outcome") in EVALUATED)
-    best = min((t.value for t, r in zip(trials, results, strict=True) if r.get("outcome") == "measured"), default=None)
+    # A worker records a trial's result before it tells optuna the value: skip those not told yet.
+    measured = (t.value for t, r in zip(trials, results, strict=True) if r.get("outcome") == "measured")
+    best = min((value for value in measured if value is not None), default=None)
     return attrs["layoutgen"], attrs.get("final"), evaluated, best
 
 
