@@ -249,3 +249,20 @@ def strided_inputs(out: torch.Tensor, lse: torch.Tensor, kind: str) -> tuple[tor
 
 
 STRIDE_KINDS = ("contiguous", "out_slice", "out_heads_outer", "out_every_other_row", "lse_transposed", "all")
+
+
+@pytest.fixture
+def clean_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """No cached plans or warnings, an empty packaged database, LAYOUTGEN_TUNING_DB = a fresh directory."""
+    from layoutgen.runtime import configs, reset_caches
+
+    monkeypatch.delenv("LAYOUTGEN_CONFIG", raising=False)
+    db_dir = tmp_path / "db"
+    db_dir.mkdir()
+    monkeypatch.setenv("LAYOUTGEN_TUNING_DB", str(db_dir))
+    packaged = tmp_path / "packaged"
+    packaged.mkdir()
+    monkeypatch.setattr(configs, "packaged_database_dir", lambda: packaged)
+    reset_caches()
+    yield db_dir
+    reset_caches()

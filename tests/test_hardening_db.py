@@ -24,7 +24,6 @@ import sys
 import textwrap
 import time
 import warnings
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from hypothesis import strategies as st
 from layoutgen import reference
 from layoutgen.config import default_pack_config
 from layoutgen.layout import LayoutBuffers
-from layoutgen.runtime import LayoutgenWarning, configs, reset_caches
+from layoutgen.runtime import LayoutgenWarning
 from layoutgen.tuning_db import (
     CPU_INTERPRETER_DEVICE,
     SCHEMA_VERSION,
@@ -324,21 +323,6 @@ DAMAGED: list[tuple[str, bytes]] = [
     ("measured-at-garbage", _edited((*_ENTRY, "measured_at"), "yesterday").encode()),
     ("entry-unknown-field", _edited((*_ENTRY, "colour"), "blue").encode()),
 ]
-
-
-@pytest.fixture
-def clean_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """No cached plans or warnings, an empty packaged database, LAYOUTGEN_TUNING_DB = a fresh directory."""
-    monkeypatch.delenv("LAYOUTGEN_CONFIG", raising=False)
-    db_dir = tmp_path / "db"
-    db_dir.mkdir()
-    monkeypatch.setenv("LAYOUTGEN_TUNING_DB", str(db_dir))
-    packaged = tmp_path / "packaged"
-    packaged.mkdir()
-    monkeypatch.setattr(configs, "packaged_database_dir", lambda: packaged)
-    reset_caches()
-    yield db_dir
-    reset_caches()
 
 
 def dispatch_warnings(launch: bool) -> list[str]:

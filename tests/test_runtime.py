@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,18 +33,9 @@ def module() -> ModuleType:
 
 
 @pytest.fixture(autouse=True)
-def clean_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def _every_test_starts_clean(clean_dispatch: Path) -> Path:
     """Every test starts with no cached plans or warnings, an empty packaged DB and its own LAYOUTGEN_TUNING_DB."""
-    monkeypatch.delenv("LAYOUTGEN_CONFIG", raising=False)
-    db_dir = tmp_path / "db"
-    db_dir.mkdir()
-    monkeypatch.setenv("LAYOUTGEN_TUNING_DB", str(db_dir))
-    packaged = tmp_path / "packaged"
-    packaged.mkdir()
-    monkeypatch.setattr(configs, "packaged_database_dir", lambda: packaged)
-    reset_caches()
-    yield db_dir
-    reset_caches()
+    return clean_dispatch
 
 
 def entry(
