@@ -163,7 +163,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     combine_plan = module._dispatch.combine_plan(bufs, B, "e", merged, False, None)
     tuned = {
         kernel: configs.tuned_config(
-            module.SPEC, kernel, bufs.device, N, H // N, D, dtype, B, module.SPEC_HASH, module.SOURCE_HASH
+            module.SPEC, kernel, bufs.device, N, H // N, D, dtype, B, module.SPEC_HASH, module.SOURCE_HASHES[kernel]
         )
         is not None
         for kernel in ("pack", "combine")

@@ -41,26 +41,21 @@ def _dirs(db: list[Path] | None) -> list[Path]:
     return database_dirs()
 
 
-def _current_hashes() -> dict[str, tuple[str, str]]:
-    """Bundled spec name -> (spec hash, generated source hash), computed as `layoutgen build` does."""
-    import hashlib
-
-    from layoutgen.codegen import render_kernels
+def _current_hashes() -> dict[str, tuple[str, dict[str, str]]]:
+    """Bundled spec name -> (spec hash, per-kernel source hashes), computed as `layoutgen build` does."""
+    from layoutgen.codegen import render_kernels, source_hashes
     from layoutgen.spec import bundled_specs
 
-    return {
-        name: (spec.layout_hash(), hashlib.sha256(render_kernels(spec).encode()).hexdigest())
-        for name, spec in bundled_specs().items()
-    }
+    return {name: (spec.layout_hash(), source_hashes(render_kernels(spec))) for name, spec in bundled_specs().items()}
 
 
-def _entry_state(entry: TuningEntry, hashes: dict[str, tuple[str, str]]) -> str:
+def _entry_state(entry: TuningEntry, hashes: dict[str, tuple[str, dict[str, str]]]) -> str:
     current = hashes.get(entry.key.spec)
     if current is None:
         return "not bundled"
     if entry.spec_hash != current[0]:
         return "stale spec"
-    if entry.source_hash != current[1]:
+    if entry.source_hash != current[1][entry.key.kernel]:
         return "stale source"
     return "current"
 

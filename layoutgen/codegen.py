@@ -156,6 +156,20 @@ def render_kernels(spec: LayoutSpec) -> str:
     return _ENV.get_template("kernels.py.jinja").render(**_kernel_context(spec))
 
 
+#: Where the combine kernel's code starts in the rendered kernels: everything before belongs to pack.
+_COMBINE_START = "@triton.jit\ndef _combine_kernel("
+
+
+def source_hashes(kernels: str) -> dict[str, str]:
+    """sha256 of each kernel's own code (kernel and launcher), so that changing one kernel's template
+    leaves the other's tuning-database entries current."""
+    start = kernels.find(_COMBINE_START)
+    if start <= 0:
+        raise RuntimeError("kernels.py.jinja must define _pack_kernel before _combine_kernel")
+    sections = {"pack": kernels[:start], "combine": kernels[start:]}
+    return {kernel: hashlib.sha256(text.encode()).hexdigest() for kernel, text in sections.items()}
+
+
 def display_name(spec_path: Path) -> str:
     """How the header names the spec file: stable across machines and working directories."""
     try:
@@ -185,7 +199,7 @@ def render(spec: LayoutSpec, spec_file: str) -> str:
         spec_file=_escape_comment(spec_file),
         name=spec.name,
         spec_hash=spec.layout_hash(),
-        source_hash=hashlib.sha256(kernels.encode()).hexdigest(),
+        source_hashes=source_hashes(kernels),
         summary=spec.summary,
         spec_data=spec.model_dump(mode="json", exclude={"summary"}, exclude_none=True),
         transport=spec.transport.value,

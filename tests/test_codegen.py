@@ -144,10 +144,13 @@ def test_module_constants_match_the_spec_and_the_kernels():
         }
         assert ast.literal_eval(constants["SPEC_NAME"]) == name
         assert ast.literal_eval(constants["SPEC_HASH"]) == spec.layout_hash()
-        assert (
-            ast.literal_eval(constants["SOURCE_HASH"])
-            == hashlib.sha256(codegen.render_kernels(spec).encode()).hexdigest()
-        )
+        kernels = codegen.render_kernels(spec)
+        combine_start = kernels.index("@triton.jit\ndef _combine_kernel(")
+        assert "_combine_kernel" not in kernels[:combine_start] and "_pack_kernel" not in kernels[combine_start:]
+        assert ast.literal_eval(constants["SOURCE_HASHES"]) == {
+            "pack": hashlib.sha256(kernels[:combine_start].encode()).hexdigest(),
+            "combine": hashlib.sha256(kernels[combine_start:].encode()).hexdigest(),
+        }
         assert ast.literal_eval(constants["SPEC_SUMMARY"]) == spec.summary
 
 
@@ -251,3 +254,12 @@ def test_write_if_changed_is_atomic_when_the_write_fails(tmp_path, monkeypatch):
         codegen.write_if_changed(path, "new = 2\n")
     assert path.read_text() == "old = 1\n"
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["module.py"]
+
+
+def test_a_change_to_one_kernel_leaves_the_other_kernels_hash():
+    kernels = codegen.render_kernels(BUNDLED["vllm_a2a"])
+    edited = kernels.replace("def _combine_kernel(", "def _combine_kernel(  # edited\n", 1)
+    before, after = codegen.source_hashes(kernels), codegen.source_hashes(edited)
+    assert after["pack"] == before["pack"] and after["combine"] != before["combine"]
+    with pytest.raises(RuntimeError, match="_pack_kernel before _combine_kernel"):
+        codegen.source_hashes(kernels.replace("def _combine_kernel(", "def _merge_kernel("))

@@ -241,7 +241,7 @@ def _valid_text() -> str:
     module = generated_module("vllm_a2a")
     data = entry_data("vllm_a2a", "pack", 8, 0, 2.0) | {
         "spec_hash": module.SPEC_HASH,
-        "source_hash": module.SOURCE_HASH,
+        "source_hash": module.SOURCE_HASHES["pack"],
         "key": {"spec": "vllm_a2a", "kernel": "pack", "N": 2, "heads_per_peer": 3, "D": 24, "dtype": "bfloat16"}
         | {"batch_bucket": 8},
         "config": {"block_batch": 1, "block_head": 2, "block_dim": 8, "num_warps": 2, "num_stages": 1, "block_peer": 1},

@@ -52,7 +52,7 @@ def entry(
         default_us=3.0,
         trials=10,
         spec_hash=spec_hash or module.SPEC_HASH,
-        source_hash=module.SOURCE_HASH,
+        source_hash=module.SOURCE_HASHES[kernel],
         measured_at="2026-11-29T07:00:00+00:00",
     )
 

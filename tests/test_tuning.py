@@ -163,7 +163,7 @@ def test_pipeline_writes_a_database_that_dispatch_reads(tmp_path: Path, monkeypa
         for b in (1, 3)
     )
     for entry in database.entries.values():
-        assert entry.spec_hash == module.SPEC_HASH and entry.source_hash == module.SOURCE_HASH
+        assert entry.spec_hash == module.SPEC_HASH and entry.source_hash == module.SOURCE_HASHES[entry.key.kernel]
         assert entry.trials >= 2 and entry.p20_us <= entry.median_us <= entry.p80_us and entry.default_us > 0
         problem = space.Problem(module.SPEC, entry.key.kernel, 2, 2, 8, "bfloat16")
         config = space.bind(problem, entry.key.batch_bucket).config_type.from_dict(entry.config)
@@ -181,7 +181,16 @@ def test_pipeline_writes_a_database_that_dispatch_reads(tmp_path: Path, monkeypa
     configs.reset()
     for kernel in ("pack", "combine"):
         chosen = configs.tuned_config(
-            module.SPEC, kernel, torch.device("cpu"), 2, 2, 8, torch.bfloat16, 2, module.SPEC_HASH, module.SOURCE_HASH
+            module.SPEC,
+            kernel,
+            torch.device("cpu"),
+            2,
+            2,
+            8,
+            torch.bfloat16,
+            2,
+            module.SPEC_HASH,
+            module.SOURCE_HASHES[kernel],
         )
         key = TuningKey(spec="pynccl_a2a", kernel=kernel, N=2, heads_per_peer=2, D=8, dtype="bfloat16", batch_bucket=3)
         assert chosen is not None and chosen.as_dict() == database.entries[key.as_str()].config

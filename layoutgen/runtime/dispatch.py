@@ -123,7 +123,7 @@ class Dispatcher:
         name: str,
         spec: LayoutSpec,
         spec_hash: str,
-        source_hash: str,
+        source_hashes: dict[str, str],
         pack_kernel: Any,
         launch_pack: LaunchFunction,
         combine_kernel: Any,
@@ -134,7 +134,7 @@ class Dispatcher:
         self.name = name
         self.spec = spec
         self.spec_hash = spec_hash
-        self.source_hash = source_hash
+        self.source_hashes = source_hashes
         self.pack_kernel = pack_kernel
         self.launch_pack = launch_pack
         self.combine_kernel = combine_kernel
@@ -220,7 +220,7 @@ class Dispatcher:
                 batch,
                 bufs.tensors["payload"].element_size(),
                 self.spec_hash,
-                self.source_hash,
+                self.source_hashes["pack"],
             )
         else:
             checks.check_config(config, PackConfig)
@@ -305,7 +305,7 @@ class Dispatcher:
                 B,
                 bufs.tensors["payload"].element_size(),
                 self.spec_hash,
-                self.source_hash,
+                self.source_hashes["combine"],
             )
         else:
             checks.check_config(config, CombineConfig)

@@ -64,7 +64,7 @@ class Target:
 
     @property
     def source_hash(self) -> str:
-        return str(self.module.SOURCE_HASH)
+        return str(self.module.SOURCE_HASHES[self.problem.kernel])
 
     @property
     def module_path(self) -> str:

@@ -1,0 +1,123 @@
+"""GPU probe: two builds of a generated module's combine kernel, side by side, at small and mid batch.
+
+Compares the combine kernels of generated modules given by path (e.g. the committed module and one
+rendered from a changed template) over the same small config grid per point, with sglang's combine as
+the reference line.  Every config is checked against `layoutgen.reference` before it is timed; times are
+CUDA-graph replay medians with rotated inputs (`layoutgen.tuning.timing.CudaGraphTimer`).
+
+Usage (GPU):
+    python benchmarks/probe_combine.py --module old=/path/old_vllm_a2a.py --module new=generated/vllm_a2a.py \
+        --out benchmarks/results/probe_combine_H200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import layoutgen
+from layoutgen import reference
+from layoutgen.config import CombineConfig, default_combine_config
+from layoutgen.tolerances import combine_error
+from layoutgen.tuning.timing import CudaGraphTimer
+
+L2_BYTES = 60 * 1024 * 1024
+MAX_SETS = 8
+#: (block_head, block_dim, num_warps): one-warp small tiles up to whole-row tiles.
+CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 2), (2, 512, 4))
+POINTS = [(N, B, 128, 512) for N in (2, 8) for B in (1, 8, 64, 256)] + [(4, 8, 128, 512), (8, 8, 32, 128)]
+
+
+def measure_point(
+    modules: dict[str, Any], sglang: Any, timer: CudaGraphTimer, N: int, B: int, H: int, D: int
+) -> dict[str, Any]:
+    first = next(iter(modules.values()))
+    Hl = H // N
+    combine_bytes = B * H * D * 2 + B * H * 4 + B * Hl * D * 2
+    set_bytes = combine_bytes
+    sets = max(1, min(MAX_SETS, math.ceil(2 * L2_BYTES / set_bytes)))
+    outs = [torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
+    lses = [torch.randn(B, H, device="cuda") * 4 for _ in range(sets)]
+    row: dict[str, Any] = {"spec": first.SPEC_NAME, "N": N, "B": B, "H": H, "D": D}
+    sends: dict[str, list[Any]] = {label: [] for label in modules}
+    for label, module in modules.items():
+        for out, lse in zip(outs, lses, strict=True):
+            bufs = module.alloc(N, B, H, D, torch.bfloat16, "cuda")
+            reference.pack(out, lse, bufs)
+            sends[label].append(bufs)
+    want, _ = reference.combine(sends[next(iter(modules))][0], B)
+    scale = float(outs[0].abs().max())
+    merged = torch.empty(B, Hl, D, dtype=torch.bfloat16, device="cuda")
+    estimate = max(1.0, combine_bytes / 3.5e6)
+    default = default_combine_config(first.SPEC, N, Hl, D, B, 2)
+    configs = {f"{h}x{d}x{w}": CombineConfig(1, h, d, w) for h, d, w in CONFIGS if h <= Hl and d <= D}
+    configs["default"] = default
+    for label, module in modules.items():
+        results = {}
+        for name, config in configs.items():
+
+            def run(i: int, module: Any = module, config: CombineConfig = config, label: str = label) -> None:
+                module.combine(sends[label][i], B, out=merged, config=config)
+
+            run(0)
+            ratio = combine_error(merged.cpu(), want.cpu(), scale)
+            if ratio > 1.0:
+                raise AssertionError(f"{label} {name} outside tolerance at {row}")
+            results[name] = timer.time(run, sets, estimated_us=estimate).median_us
+        row[label] = results
+        row[f"{label}_best"] = min(results.values())
+        row[f"{label}_best_config"] = min(results, key=lambda k: results[k])
+
+    def run_sglang(i: int) -> None:
+        bufs = sends[next(iter(modules))][i]
+        sglang.dcp_lse_combine_triton(bufs.payload_view(B), bufs.lse_view(B))
+
+    row["sglang"] = timer.time(run_sglang, sets, estimated_us=estimate).median_us
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--module", action="append", required=True, help="LABEL=PATH of a generated module")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    args = parser.parse_args()
+    from baselines import load_sglang_dcp_kernels
+
+    modules = {}
+    for item in args.module:
+        label, _, path = item.partition("=")
+        modules[label] = layoutgen.load(path)
+    sglang = load_sglang_dcp_kernels()
+    timer = CudaGraphTimer()
+    rows: list[dict[str, Any]] = []
+    for N, B, H, D in POINTS:
+        row = measure_point(modules, sglang, timer, N, B, H, D)
+        rows.append(row)
+        line = "  ".join(
+            f"{label} best {row[f'{label}_best']:.2f} ({row[f'{label}_best_config']}) default {row[label]['default']:.2f}"
+            for label in modules
+        )
+        print(f"N={N} B={B} H={H} D={D}: {line}  sglang {row['sglang']:.2f}", flush=True)
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "modules": {label: str(path) for label, path in (item.split("=", 1) for item in args.module)},
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
