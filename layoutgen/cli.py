@@ -191,7 +191,7 @@ def main() -> None:
 
 def _run() -> None:
     try:
-        returned = app(standalone_mode=False)
+        returned = app(args=cli_tune.expand_list_options(sys.argv[1:]), standalone_mode=False)
     except CommandFailed as failure:
         if _interrupts["seen"]:
             _exit_interrupted()

@@ -79,11 +79,17 @@ def tune(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the studies and their search plans; tune nothing.")
     ] = False,
+    retune: Annotated[
+        bool,
+        typer.Option("--retune", help="Tune again the studies the database already holds a current decision for."),
+    ] = False,
 ) -> None:
     """Tune pack/combine launch configs per (spec, kernel, N, H/N, D, dtype, batch bucket) into the tuning database.
 
     Without --N/--heads/--D the grid is MLA decode (H 16 and 128 with D 512) plus plain attention (H 32, D 128),
-    N in 2, 4, 8.  Re-running the same command resumes: finished trials are not repeated.
+    N in 2, 4, 8.  Re-running the same command resumes: finished trials are not repeated, and studies whose
+    decision the database already holds (for the current spec and kernel source) are skipped, also on a
+    machine without the study storage; --retune tunes them again.
     """
     from layoutgen.cli import CommandFailed, console, errors
     from layoutgen.tuning import plan
@@ -114,6 +120,7 @@ def tune(
             lookahead=1 if interpret else 3,
             seed=seed,
             report=str(report) if report else None,
+            retune=retune,
         )
     except ValueError as error:
         raise CommandFailed(str(error), code=2) from None
@@ -164,6 +171,30 @@ def _print_plan(options: object) -> None:
         table.add_row(*cells)
     console.print(table)
     console.print(f"{studies} studies, {trials} measured trials planned (ex: exhaustive; budget/feasible points)")
+
+
+#: Options that take several values: `--N 2 4 8` is read as `--N 2 --N 4 --N 8` (typer takes one value per flag).
+LIST_OPTIONS = frozenset({"--spec", "--kernel", "--N", "--heads", "--D", "--dtype", "--batch"})
+
+
+def expand_list_options(args: list[str]) -> list[str]:
+    """`tune --N 2 4 8 --batch 1 64` -> `tune --N 2 --N 4 --N 8 --batch 1 --batch 64`.  `tune` takes no
+    positional argument, so every bare word after a list option is one of its values; other commands'
+    arguments are left as they are."""
+    command = next((index for index, arg in enumerate(args) if not arg.startswith("-")), None)
+    if command is None or args[command] != "tune":
+        return args
+    expanded = args[: command + 1]
+    option = None
+    for arg in args[command + 1 :]:
+        if arg.startswith("-"):
+            option = arg if arg in LIST_OPTIONS else None
+            expanded.append(arg)
+        elif option is not None and expanded[-1] != option:
+            expanded += [option, arg]
+        else:
+            expanded.append(arg)
+    return expanded
 
 
 def register(app: typer.Typer) -> None:

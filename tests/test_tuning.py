@@ -7,8 +7,10 @@ inject it by swapping the generated module's `_launch_pack` or the timer.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import io
 import itertools
+import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -27,7 +29,7 @@ from layoutgen.spec import bundled_specs
 from layoutgen.tuning import plan, runner, space, study
 from layoutgen.tuning.storage import open_storage
 from layoutgen.tuning.timing import WallClockTimer, summarize
-from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningKey, read_database
+from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningKey, device_file_name, read_database
 
 
 def tiny_options(tmp_path: Path, **changes: Any) -> plan.TuneOptions:
@@ -310,6 +312,38 @@ def test_resume_after_interruption_does_not_redo_trials(tmp_path: Path, monkeypa
 
 
 @requires_interpreter
+def test_a_rerun_without_the_study_storage_skips_what_the_database_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A GPU host is often lent for one run: the next run starts with no study journal, only the database.
+    options = tiny_options(tmp_path)
+    run_tune(options)
+    db_file = Path(options.db_dir) / device_file_name(CPU_INTERPRETER_DEVICE)
+    written = db_file.read_bytes()
+    timer = CountingTimer()
+    timer.install(monkeypatch)
+    output = io.StringIO()
+    summary = runner.run(dataclasses.replace(options, storage=str(tmp_path / "fresh.journal")), Console(file=output))
+    assert timer.calls == 0 and summary.rows == [] and db_file.read_bytes() == written
+    assert "2 of 2 studies already have a current decision" in output.getvalue()
+    assert "--retune" in output.getvalue()
+
+    # An entry measured on another kernel source is stale: only that study runs again.
+    data = json.loads(written)
+    stale = next(key for key, entry in data["entries"].items() if entry["key"]["batch_bucket"] == 3)
+    data["entries"][stale]["source_hash"] = "0" * 64
+    db_file.write_text(json.dumps(data), encoding="utf-8")
+    summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "second.journal")))
+    assert [row.batch for row in summary.rows] == [3] and timer.calls > 0
+    assert read_database(db_file).entries[stale].source_hash != "0" * 64
+
+    # --retune tunes every study again.
+    timer.calls = 0
+    summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "third.journal"), retune=True))
+    assert [row.batch for row in summary.rows] == [1, 3] and timer.calls >= 4 + 4
+
+
+@requires_interpreter
 def test_a_repeated_config_is_not_timed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     options = tiny_options(tmp_path, buckets=(1,))
     (target,) = plan.make_targets(options)
@@ -369,6 +403,28 @@ def test_dry_run_prints_the_plan_without_tuning(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "117 studies" in result.output  # 9 default shapes x 13 buckets
     assert not (tmp_path / "cache" / "tuning").exists()  # no study storage was created
+
+
+def test_list_options_take_several_values_after_one_flag() -> None:
+    from layoutgen.cli_tune import expand_list_options
+
+    args = ["--debug", "tune", "--N", "2", "4", "8", "--report", "out.md", "--batch", "1", "--interpret", "--D", "8"]
+    assert expand_list_options(args) == [
+        "--debug", "tune", "--N", "2", "--N", "4", "--N", "8", "--report", "out.md", "--batch", "1", "--interpret",
+        "--D", "8",
+    ]  # fmt: skip
+    assert expand_list_options(["show", "--N", "2", "4"]) == ["show", "--N", "2", "4"]  # not tune: untouched
+
+
+def test_the_cli_reads_several_values_after_one_flag(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "layoutgen.cli", "tune", "--dry-run", "--spec", "vllm_a2a", "pynccl_a2a"]
+    command += ["--kernel", "pack", "--N", "2", "4", "--heads", "8", "--D", "8", "--batch", "1", "3", "--interpret"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "8 studies" in result.stdout  # 2 specs x 2 peer counts x 2 buckets
 
 
 @requires_interpreter

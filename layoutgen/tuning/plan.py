@@ -59,6 +59,10 @@ class TuneOptions:
     lookahead: int = 3
     seed: int = 0
     report: str | None = None
+    #: Tune studies again even where the database already holds a current decision.
+    retune: bool = False
+    #: Study names this run leaves alone (decided in the database); set by `runner.run`.
+    skip: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -66,7 +70,7 @@ class TuneOptions:
     @classmethod
     def from_json(cls, text: str) -> TuneOptions:
         data = json.loads(text)
-        for name in ("specs", "kernels", "dtypes", "buckets"):
+        for name in ("specs", "kernels", "dtypes", "buckets", "skip"):
             data[name] = tuple(data[name])
         data["shapes"] = tuple(tuple(shape) for shape in data["shapes"])
         return cls(**data)
@@ -161,6 +165,28 @@ def make_targets(options: TuneOptions) -> list[Any]:
 
 def _kernel(name: str) -> Kernel:
     return "pack" if name == "pack" else "combine"
+
+
+def decided_in_database(db_dir: str, device_name: str, targets: list[Any], buckets: list[int]) -> set[str]:
+    """Names of the studies whose decision `db_dir` already holds for this device, with the spec's and the
+    kernel's current hashes: a re-run on a machine without the study storage (a fresh GPU host) need not
+    tune them again.  An existing database that does not validate raises DatabaseError before any tuning."""
+    from layoutgen.tuning_db import TuningKey, device_file_name, read_database
+
+    path = Path(db_dir) / device_file_name(device_name)
+    if not path.is_file():
+        return set()
+    entries = read_database(path).entries
+    decided = set()
+    for target in targets:
+        p = target.problem
+        for batch in buckets:
+            key = TuningKey(spec=p.spec.name, kernel=p.kernel, N=p.N, heads_per_peer=p.heads_per_peer, D=p.D,
+                            dtype=p.dtype, batch_bucket=batch)  # fmt: skip
+            entry = entries.get(key.as_str())
+            if entry is not None and entry.spec_hash == target.spec_hash and entry.source_hash == target.source_hash:
+                decided.add(study_name(device_name, target, batch))
+    return decided
 
 
 def study_name(device_name: str, target: Any, batch: int) -> str:

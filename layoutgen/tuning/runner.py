@@ -4,6 +4,7 @@ then write the decisions into the tuning database and print the tables."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from layoutgen.tuning.plan import TuneOptions, make_targets, study_name
+from layoutgen.tuning.plan import TuneOptions, decided_in_database, make_targets, study_name
 from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables, summary_lines
 from layoutgen.tuning.storage import describe_storage, open_storage
 
@@ -85,17 +86,33 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
         # Kernels are defined when their module is imported; the interpreter must be on before that.
         os.environ["TRITON_INTERPRET"] = "1"
     device_name, capability = device_identity(options)
-    storage = open_storage(options.storage)
     targets = make_targets(options)
     buckets = sorted(set(options.buckets))
+    if options.db_dir is not None and not options.retune:
+        decided = decided_in_database(options.db_dir, device_name, targets, buckets)
+        if decided:
+            options = dataclasses.replace(options, skip=tuple(sorted(decided)))
+            console.print(
+                f"{len(decided)} of {len(targets) * len(buckets)} studies already have a current decision in "
+                f"{options.db_dir}: skipped (--retune tunes them again)"
+            )
+    storage = open_storage(options.storage)
     names = []
+    skip = set(options.skip)
     with console.status(f"preparing {len(targets) * len(buckets)} studies in {describe_storage(options.storage)}"):
         for target in targets:
             for batch in buckets:
+                if study_name(device_name, target, batch) in skip:
+                    continue
                 name, _ = prepare_study(storage, options, device_name, target, batch)
                 names.append(name)
+    if not names:
+        console.print("nothing to tune: every study of this run is decided in the database")
+        return RunSummary([], device_name, None, 0, 0)
     console.print(
-        f"tuning {len(names)} studies ({len(targets)} compiled families x {len(buckets)} batch buckets) on "
+        f"tuning {len(names)} studies ({len(targets)} compiled families x {len(buckets)} batch buckets"
+        + (f", less {len(skip)} decided" if skip else "")
+        + ") on "
         f"{device_name}; studies in {describe_storage(options.storage)}; {options.workers} worker(s)"
     )
     gate_failures = 0

@@ -708,14 +708,19 @@ def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, stor
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage if storage is not None else open_storage(options.storage)
     ctx = make_context(options, storage, reporter)
-    targets = make_targets(options)
-    start = (worker_index * len(targets)) // max(1, options.workers)
-    ordered = targets[start:] + targets[:start]
-    budget_per_family = None if options.time_budget_s is None else options.time_budget_s / max(1, len(targets))
+    skip = set(options.skip)
+    families = [
+        (target, [b for b in options.buckets if study_name(ctx.device_name, target, b) not in skip])
+        for target in make_targets(options)
+    ]
+    families = [(target, buckets) for target, buckets in families if buckets]  # all decided: nothing to compile
+    start = (worker_index * len(families)) // max(1, options.workers)
+    ordered = families[start:] + families[:start]
+    budget_per_family = None if options.time_budget_s is None else options.time_budget_s / max(1, len(families))
     try:
-        for target in ordered:
+        for target, buckets in ordered:
             deadline = None if budget_per_family is None else time.monotonic() + budget_per_family
-            search_family(ctx, target, list(options.buckets), deadline)
+            search_family(ctx, target, buckets, deadline)
             if ctx.device.type == "cuda":
                 import torch
 
