@@ -477,3 +477,14 @@ def test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool(tmp_path: Path
     assert_no_config_timed_twice(trials)
     sets = {t.user_attrs["result"]["sets"] for ts in trials.values() for t in ts if outcome(t) == "measured"}
     assert max(sets) > 1  # small buckets rotate their inputs
+
+
+def test_the_phase_summary_splits_a_trial_into_its_parts() -> None:
+    from types import SimpleNamespace
+
+    phases = {"compile wait": 0.1, "gate and first launch": 0.4, "timing": 1.0}
+    line = study.phase_summary(SimpleNamespace(phase_seconds=phases, trials_evaluated=100), seconds=2.0)  # type: ignore[arg-type]
+    assert line == (
+        "100 trials in 2 s; ms per trial: compile wait 1.0, gate and first launch 4.0, timing 10.0, "
+        "the rest (sampler, storage, final re-timing) 5.0"
+    )

@@ -109,6 +109,9 @@ class Measurement:
     reason: str | None = None
     #: Wall time of the gate, whose first launch of a kernel variant loads (or, on a cache miss, compiles) it.
     gate_seconds: float = 0.0
+    #: Wall time spent waiting for the compile pool, and timing (capture and replays).
+    compile_wait_seconds: float = 0.0
+    timing_seconds: float = 0.0
 
 
 def _describe_error(error: BaseException) -> str:
@@ -267,6 +270,7 @@ def evaluate(
     give_up_us: float | None = None,
 ) -> Measurement:
     """Compile (wait for the pool's compile), gate, time.  Machine errors (CUDA faults) propagate."""
+    started = time.perf_counter()
     if compiled is not None:
         try:
             problem = compiled.result(timeout=COMPILE_TIMEOUT_S)
@@ -276,6 +280,7 @@ def evaluate(
             problem = None
         if problem is not None and problem.from_triton:
             return Measurement("compile_failed", reason=problem.message)
+    compile_wait = time.perf_counter() - started
     started = time.perf_counter()
     try:
         mismatch = workload.gate(config, seed)
@@ -285,11 +290,14 @@ def evaluate(
         return Measurement("launch_failed", reason=_describe_error(error))
     gate_seconds = time.perf_counter() - started
     if mismatch is not None:
-        return Measurement("gate_failed", reason=mismatch, gate_seconds=gate_seconds)
+        return Measurement("gate_failed", reason=mismatch, gate_seconds=gate_seconds, compile_wait_seconds=compile_wait)
+    started = time.perf_counter()
     try:
         timing = timer.time(workload.timing_launch(config), workload.sets, workload.estimated_us, give_up_us)
     except Exception as error:
         if not _is_candidate_error(error):
             raise
-        return Measurement("launch_failed", reason=_describe_error(error), gate_seconds=gate_seconds)
-    return Measurement("ok", timing=timing, gate_seconds=gate_seconds)
+        return Measurement("launch_failed", reason=_describe_error(error), gate_seconds=gate_seconds,
+                           compile_wait_seconds=compile_wait)  # fmt: skip
+    return Measurement("ok", timing=timing, gate_seconds=gate_seconds, compile_wait_seconds=compile_wait,
+                       timing_seconds=time.perf_counter() - started)  # fmt: skip

@@ -138,6 +138,11 @@ class Context:
     #: been compiled in this process (the compile pool missed them: a diagnostic for the pool).
     variants_seen: set[tuple[Any, ...]] = field(default_factory=set)
     slow_first_launches: int = 0
+    #: Where the evaluated trials' wall time went (seconds): compile wait, gate, timing; and their count.
+    phase_seconds: dict[str, float] = field(
+        default_factory=lambda: {"compile wait": 0.0, "gate and first launch": 0.0, "timing": 0.0}
+    )
+    trials_evaluated: int = 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -639,6 +644,10 @@ def search_family(ctx: Context, target: Target, buckets: list[int], deadline: fl
             seed = sampler_seed(search.name, ctx.options.seed) + pending.trial.number
             measurement = evaluate(search.workload(), pending.config, pending.compiled, ctx.timer, seed, give_up)
             variant = search.workload().compile_job(pending.config).variant
+            ctx.trials_evaluated += 1
+            ctx.phase_seconds["compile wait"] += measurement.compile_wait_seconds
+            ctx.phase_seconds["gate and first launch"] += measurement.gate_seconds
+            ctx.phase_seconds["timing"] += measurement.timing_seconds
             if variant not in ctx.variants_seen:
                 ctx.variants_seen.add(variant)
                 ctx.slow_first_launches += measurement.gate_seconds > SLOW_FIRST_LAUNCH_S
@@ -689,6 +698,17 @@ def make_context(options: TuneOptions, storage: Any, reporter: Reporter) -> Cont
     return Context(options, storage, device, name, capability, CudaGraphTimer(), pool, l2_bytes, copy_tbps, reporter)
 
 
+def phase_summary(ctx: Context, seconds: float) -> str:
+    """Where the search's wall time went, per evaluated trial: what to shorten when a grid takes too long."""
+    per_trial = {name: 1e3 * value / ctx.trials_evaluated for name, value in ctx.phase_seconds.items()}
+    rest = 1e3 * seconds / ctx.trials_evaluated - sum(per_trial.values())
+    parts = ", ".join(f"{name} {value:.1f}" for name, value in per_trial.items())
+    return (
+        f"{ctx.trials_evaluated} trials in {seconds:.0f} s; ms per trial: {parts}, the rest (sampler, storage, "
+        f"final re-timing) {rest:.1f}"
+    )
+
+
 def device_identity(options: TuneOptions) -> tuple[str, str]:
     from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, current_device
 
@@ -717,6 +737,7 @@ def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, stor
     start = (worker_index * len(families)) // max(1, options.workers)
     ordered = families[start:] + families[:start]
     budget_per_family = None if options.time_budget_s is None else options.time_budget_s / max(1, len(families))
+    started = time.perf_counter()
     try:
         for target, buckets in ordered:
             deadline = None if budget_per_family is None else time.monotonic() + budget_per_family
@@ -727,6 +748,8 @@ def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, stor
                 torch.cuda.empty_cache()
     finally:
         ctx.pool.close()
+    if ctx.trials_evaluated:
+        reporter.info(phase_summary(ctx, time.perf_counter() - started))
     if ctx.pool.workers and ctx.variants_seen:
         reporter.info(
             f"compile pool: {ctx.pool.submitted} kernel variants compiled ahead; {ctx.slow_first_launches} of "
