@@ -344,6 +344,29 @@ def test_a_rerun_without_the_study_storage_skips_what_the_database_holds(
 
 
 @requires_interpreter
+def test_a_run_that_dies_keeps_the_families_it_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A lent GPU host can be taken back mid-run with no chance to clean up: what was decided must be on disk.
+    options = tiny_options(tmp_path, kernels=("pack", "combine"))
+    searched = []
+    original = study.search_family
+
+    def search_family(ctx: Any, target: Any, buckets: list[int], deadline: float | None = None) -> None:
+        if searched:
+            raise RuntimeError("the machine went away")
+        searched.append(target.problem.kernel)
+        original(ctx, target, buckets, deadline)
+
+    monkeypatch.setattr(study, "search_family", search_family)
+    with pytest.raises(RuntimeError, match="went away"):
+        run_tune(options)
+    database = read_database(Path(options.db_dir) / device_file_name(CPU_INTERPRETER_DEVICE))
+    assert sorted((entry.key.kernel, entry.key.batch_bucket) for entry in database.entries.values()) == [
+        (searched[0], 1),
+        (searched[0], 3),
+    ]
+
+
+@requires_interpreter
 def test_a_repeated_config_is_not_timed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     options = tiny_options(tmp_path, buckets=(1,))
     (target,) = plan.make_targets(options)

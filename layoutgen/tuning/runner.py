@@ -75,8 +75,8 @@ def _study_state(storage: Any, name: str) -> tuple[dict[str, Any], dict[str, Any
 
 
 def run(options: TuneOptions, console: Console) -> RunSummary:
-    """Tune everything `options` covers; writes the database (also after Ctrl-C: what was decided) and
-    returns what the tables show."""
+    """Tune everything `options` covers; writes the database (after every family, and at the end also what
+    an interrupted family decided) and returns what the tables show."""
     import optuna
 
     from layoutgen.tuning.study import device_identity, prepare_study, run_worker

@@ -698,6 +698,22 @@ def make_context(options: TuneOptions, storage: Any, reporter: Reporter) -> Cont
     return Context(options, storage, device, name, capability, CudaGraphTimer(), pool, l2_bytes, copy_tbps, reporter)
 
 
+def record_family(ctx: Context, target: Target, buckets: list[int]) -> None:
+    """Write a family's decisions as soon as it is searched: a run that dies later (a lent GPU host taken
+    back, SIGKILL) keeps them, and a re-run skips them even without the study storage."""
+    if ctx.options.db_dir is None:
+        return
+    from pathlib import Path
+
+    from layoutgen.tuning.runner import collect
+    from layoutgen.tuning_db import record
+
+    names = [study_name(ctx.device_name, target, batch) for batch in buckets]
+    _, entries = collect(ctx.storage, names, [target], buckets, ctx.device_name)
+    if entries:
+        record(Path(ctx.options.db_dir), ctx.device_name, ctx.compute_capability, entries)
+
+
 def phase_summary(ctx: Context, seconds: float) -> str:
     """Where the search's wall time went, per evaluated trial: what to shorten when a grid takes too long."""
     per_trial = {name: 1e3 * value / ctx.trials_evaluated for name, value in ctx.phase_seconds.items()}
@@ -742,6 +758,7 @@ def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, stor
         for target, buckets in ordered:
             deadline = None if budget_per_family is None else time.monotonic() + budget_per_family
             search_family(ctx, target, buckets, deadline)
+            record_family(ctx, target, buckets)
             if ctx.device.type == "cuda":
                 import torch
 
