@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 import layoutgen
-from layoutgen.config import PackConfig
+from layoutgen.config import CombineConfig, PackConfig
 from layoutgen.spec import bundled_specs
 from layoutgen.tuning import plan, runner, space, study
 from layoutgen.tuning.storage import open_storage
@@ -100,7 +100,8 @@ def test_feasible_points_obey_every_constraint(spec_name: str, kernel: str) -> N
             assert values["block_head"] <= 8 and values["block_dim"] <= 512
             assert values["block_dim"] * elem >= space.SECTOR_BYTES  # stores along dim span a sector
             assert tile <= space.MAX_ELEMENTS_PER_THREAD * threads
-            assert config.num_warps == 1 or tile * elem >= space.MIN_BYTES_PER_THREAD * threads
+            loaded = tile * elem * (problem.N if kernel == "combine" else 1)  # combine loads N partials
+            assert config.num_warps == 1 or loaded >= space.MIN_BYTES_PER_THREAD * threads
             assert bound.from_params(bound.to_params(config)) == config
             low_high = bound.param_ranges()
             assert all(low_high[k][0] <= v <= low_high[k][1] for k, v in bound.to_params(config).items())
@@ -127,6 +128,16 @@ def test_infeasible_points_name_the_constraint() -> None:
     assert any("bytes per thread" in reason for reason in bound.violations(idle))
     narrow = PackConfig(block_peer=1, block_batch=1, block_head=64, block_dim=8, num_warps=4)
     assert any("block_dim=8 not in" in reason for reason in bound.violations(narrow))
+
+
+def test_the_combine_space_holds_sglangs_shape() -> None:
+    # One row of 512 bf16 over 4 warps: 8 bytes per thread per partial, 32 over the N = 4 partials it loads.
+    sglang_shape = CombineConfig(block_batch=1, block_head=1, block_dim=512, num_warps=4)
+    four = space.bind(space.Problem(bundled_specs()["vllm_a2a"], "combine", 4, 32, 512, "bfloat16"), 8)
+    assert four.is_feasible(sglang_shape), four.violations(sglang_shape)
+    # With one peer the same threads would each load 8 bytes: under a 16-byte vector.
+    one = space.bind(space.Problem(bundled_specs()["vllm_a2a"], "combine", 1, 32, 512, "bfloat16"), 8)
+    assert any("bytes per thread" in reason for reason in one.violations(sglang_shape))
 
 
 def test_grid_defaults_cover_mla_and_plain_attention() -> None:
