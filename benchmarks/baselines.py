@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
-import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -25,9 +23,6 @@ SGLANG_VERSION = "0.5.23"
 SGLANG_DCP_KERNELS_PATH = Path("kernels/ops/attention/dcp_kernels.py")
 #: What the loaded file must define to be the baseline.
 SGLANG_DCP_FUNCTIONS = ("dcp_pack_a2a_send", "dcp_lse_combine_triton")
-
-_lock = threading.Lock()
-_loaded: dict[Path, ModuleType] = {}
 
 
 def find_sglang_dcp_kernels(path: str | Path | None = None) -> Path:
@@ -62,25 +57,11 @@ def find_sglang_dcp_kernels(path: str | Path | None = None) -> Path:
 
 def load_sglang_dcp_kernels(path: str | Path | None = None) -> ModuleType:
     """sglang's `dcp_kernels` module, imported by path once per file (see `find_sglang_dcp_kernels`)."""
+    from layoutgen.loader import load_path
+
     file = find_sglang_dcp_kernels(path).resolve()
-    with _lock:
-        module = _loaded.get(file)
-        if module is not None:
-            return module
-        name = f"layoutgen_baseline_sglang_dcp_kernels_{abs(hash(str(file))):x}"
-        spec = importlib.util.spec_from_file_location(name, file)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {file} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-        missing = [fn for fn in SGLANG_DCP_FUNCTIONS if not callable(getattr(module, fn, None))]
-        if missing:
-            del sys.modules[name]
-            raise ImportError(f"{file} does not define {', '.join(missing)}; is it sglang's dcp_kernels.py?")
-        _loaded[file] = module
-        return module
+    module = load_path(file, module_name=f"layoutgen_baseline_sglang_dcp_kernels_{abs(hash(str(file))):x}")
+    missing = [fn for fn in SGLANG_DCP_FUNCTIONS if not callable(getattr(module, fn, None))]
+    if missing:
+        raise ImportError(f"{file} does not define {', '.join(missing)}; is it sglang's dcp_kernels.py?")
+    return module

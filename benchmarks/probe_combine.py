@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,14 +23,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_dcp import rotating_sets
+
 import layoutgen
 from layoutgen import reference
 from layoutgen.config import CombineConfig, default_combine_config
 from layoutgen.tolerances import combine_error
 from layoutgen.tuning.timing import CudaGraphTimer
 
-L2_BYTES = 60 * 1024 * 1024
-MAX_SETS = 8
 #: (block_head, block_dim, num_warps): one-warp small tiles up to whole-row tiles.
 CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 2), (2, 512, 4))
 POINTS = [(N, B, 128, 512) for N in (2, 8) for B in (1, 8, 64, 256)] + [(4, 8, 128, 512), (8, 8, 32, 128)]
@@ -43,8 +42,7 @@ def measure_point(
     first = next(iter(modules.values()))
     Hl = H // N
     combine_bytes = B * H * D * 2 + B * H * 4 + B * Hl * D * 2
-    set_bytes = combine_bytes
-    sets = max(1, min(MAX_SETS, math.ceil(2 * L2_BYTES / set_bytes)))
+    sets = rotating_sets(combine_bytes)
     outs = [torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
     lses = [torch.randn(B, H, device="cuda") * 4 for _ in range(sets)]
     row: dict[str, Any] = {"spec": first.SPEC_NAME, "N": N, "B": B, "H": H, "D": D}

@@ -171,7 +171,7 @@ def decided_in_database(db_dir: str, device_name: str, targets: list[Any], bucke
     """Names of the studies whose decision `db_dir` already holds for this device, with the spec's and the
     kernel's current hashes: a re-run on a machine without the study storage (a fresh GPU host) need not
     tune them again.  An existing database that does not validate raises DatabaseError before any tuning."""
-    from layoutgen.tuning_db import TuningKey, device_file_name, read_database
+    from layoutgen.tuning_db import device_file_name, read_database
 
     path = Path(db_dir) / device_file_name(device_name)
     if not path.is_file():
@@ -179,14 +179,20 @@ def decided_in_database(db_dir: str, device_name: str, targets: list[Any], bucke
     entries = read_database(path).entries
     decided = set()
     for target in targets:
-        p = target.problem
         for batch in buckets:
-            key = TuningKey(spec=p.spec.name, kernel=p.kernel, N=p.N, heads_per_peer=p.heads_per_peer, D=p.D,
-                            dtype=p.dtype, batch_bucket=batch)  # fmt: skip
-            entry = entries.get(key.as_str())
+            entry = entries.get(tuning_key(target, batch).as_str())
             if entry is not None and entry.spec_hash == target.spec_hash and entry.source_hash == target.source_hash:
                 decided.add(study_name(device_name, target, batch))
     return decided
+
+
+def tuning_key(target: Any, batch: int) -> Any:
+    """The tuning-database key of a target's study for one batch bucket."""
+    from layoutgen.tuning_db import TuningKey
+
+    p = target.problem
+    return TuningKey(spec=p.spec.name, kernel=p.kernel, N=p.N, heads_per_peer=p.heads_per_peer, D=p.D, dtype=p.dtype,
+                     batch_bucket=batch)  # fmt: skip
 
 
 def study_name(device_name: str, target: Any, batch: int) -> str:

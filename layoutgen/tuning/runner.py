@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from layoutgen.tuning.plan import TuneOptions, decided_in_database, make_targets, study_name
+from layoutgen.tuning.plan import TuneOptions, decided_in_database, make_targets, study_name, tuning_key
 from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables, summary_lines
 from layoutgen.tuning.storage import describe_storage, open_storage
 
@@ -167,7 +167,7 @@ def collect(
     storage: Any, names: list[str], targets: list[Any], buckets: list[int], device_name: str
 ) -> tuple[list[ResultRow], list[Any]]:
     """Result rows for every study and database entries for every decided one."""
-    from layoutgen.tuning_db import TuningEntry, TuningKey
+    from layoutgen.tuning_db import TuningEntry
 
     rows, entries = [], []
     for target in targets:
@@ -179,12 +179,9 @@ def collect(
             rows.append(ResultRow.from_study(meta, final, evaluated))
             if not final or not final.get("chosen"):
                 continue
-            p = target.problem
-            key = TuningKey(spec=p.spec.name, kernel=p.kernel, N=p.N, heads_per_peer=p.heads_per_peer, D=p.D,
-                            dtype=p.dtype, batch_bucket=batch)  # fmt: skip
             entries.append(
                 TuningEntry(
-                    key=key,
+                    key=tuning_key(target, batch),
                     config=final["config"],
                     median_us=final["median_us"],
                     p20_us=final["p20_us"],
