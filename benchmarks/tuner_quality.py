@@ -11,7 +11,13 @@ Reported per bucket: feasible points; the exhaustive optimum and the default; fo
 trials until the best found is within 3% of the optimum (median and worst over seeds, and as a share of
 the exhaustive count; target: <= 30%), and the gap left after the tuner's default budget (24 trials).
 
-Usage (GPU):  python benchmarks/tuner_quality.py --out benchmarks/results
+The two phases can run on different machines: the GPU's time goes to the truth tables only.
+
+Usage (GPU, both phases):  python benchmarks/tuner_quality.py --out benchmarks/results
+GPU, tables only (written after every bucket, so an interrupted run keeps what it measured):
+    python benchmarks/tuner_quality.py --tables-only --out $OUT
+anywhere, the replay and the report from saved tables (CPU only, no GPU needed):
+    python benchmarks/tuner_quality.py --replay $OUT/tuner_quality_tables.json --out benchmarks/results
 CPU smoke test (meaningless timings, tiny shapes):
     TRITON_INTERPRET=1 python benchmarks/tuner_quality.py --interpret --seeds 2 --out /tmp/tq
 """
@@ -155,29 +161,150 @@ def trials_to_reach(trajectory: list[float], goal: float) -> int | None:
     return next((index + 1 for index, best in enumerate(trajectory) if best <= goal), None)
 
 
-def write_report(ctx: Any, args: argparse.Namespace, results: list[dict[str, Any]], complete: bool) -> None:
-    """JSON and markdown of the buckets measured so far (written after every bucket)."""
-    from layoutgen.tuning_db import device_file_name, software_versions
+def tables_stem(meta: dict[str, Any], interpret: bool, what: str) -> str:
+    """File stem of a result: the GPU's is committed under benchmarks/results, a smoke test's is kept apart."""
+    from layoutgen.tuning_db import device_file_name
 
-    device = ctx.device_name
+    return what + (f"_{device_file_name(meta['device']).removesuffix('.json')}" if interpret else "")
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    partial.replace(path)  # never a half-written file
+
+
+def measure_tables(args: argparse.Namespace) -> dict[str, Any]:
+    """Phase 1 (GPU): the truth table of every bucket, saved after each one."""
+    import optuna
+
+    from layoutgen.tuning.plan import TuneOptions, make_targets
+    from layoutgen.tuning.study import QuietReporter, make_context
+    from layoutgen.tuning_db import software_versions
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ctx = make_context(TuneOptions(interpret=args.interpret, workers=1), None, QuietReporter())
+    tables: dict[str, Any] = {
+        "meta": {
+            "device": ctx.device_name,
+            "compute_capability": ctx.compute_capability,
+            "versions": software_versions(),
+            "date": datetime.date.today().isoformat(),
+            "copy_tbps": ctx.copy_tbps,
+            "timer": ctx.timer.description,
+            "interpret": args.interpret,
+        },
+        "buckets": [],
+        "complete": False,
+    }
+    path = args.out / f"{tables_stem(tables['meta'], args.interpret, 'tuner_quality_tables')}.json"
+    try:
+        for spec, kernel, N, H, D, buckets in INTERPRET_CASES if args.interpret else GPU_CASES:
+            (target,) = make_targets(case_options(spec, kernel, N, H, D, args.interpret))
+            for batch in buckets:
+                label = f"{target.problem.label} B={batch}"
+                print(f"measuring every feasible config of {label} ...", flush=True)
+                truth = measure_exhaustively(ctx, target, batch)
+                tables["buckets"].append(
+                    {
+                        "case": label,
+                        "spec": spec, "kernel": kernel, "N": N, "H": H, "D": D, "batch": batch,
+                        "seconds": round(truth["seconds"], 1),
+                        "failures": truth["failures"],
+                        "default": truth["default"],
+                        "default_us": truth["default_us"],
+                        "table": [{"params": dict(key), "us": us} for key, us in truth["table"].items()],
+                    }
+                )  # fmt: skip
+                write_json(path, tables)
+                print(f"  {len(truth['table'])} configs in {truth['seconds']:.0f} s -> {path}", flush=True)
+    except KeyboardInterrupt:
+        print(f"interrupted: {path} holds the {len(tables['buckets'])} bucket(s) measured so far")
+    finally:
+        ctx.pool.close()
+    tables["complete"] = len(tables["buckets"]) == sum(len(case[-1]) for case in GPU_CASES) or args.interpret
+    write_json(path, tables)
+    return tables
+
+
+def case_options(spec: str, kernel: str, N: int, H: int, D: int, interpret: bool) -> Any:
+    from layoutgen.tuning.plan import TuneOptions
+
+    return TuneOptions(specs=(spec,), kernels=(kernel,), shapes=((N, H, D),), interpret=interpret)
+
+
+def replay_tables(tables: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Phase 2 (CPU): replay the tuner's search against each truth table; report after every bucket."""
+    import optuna
+
+    from layoutgen.tuning.plan import make_targets
+    from layoutgen.tuning.space import bind
+    from layoutgen.tuning.study import params_key
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    results: list[dict[str, Any]] = []
+    for bucket in tables["buckets"]:
+        (target,) = make_targets(
+            case_options(bucket["spec"], bucket["kernel"], bucket["N"], bucket["H"], bucket["D"], args.interpret)
+        )
+        bound = bind(target.problem, bucket["batch"])
+        table = {params_key(row["params"]): row["us"] for row in bucket["table"]}
+        if set(table) != {params_key(bound.to_params(config)) for config in bound.feasible()}:
+            raise SystemExit(
+                f"{bucket['case']}: the saved table does not match today's search space (the space changed "
+                "since it was measured): measure again with --tables-only"
+            )
+        optimum = min(us for us in table.values() if us is not None)
+        goal = WITHIN * optimum
+        default = bound.config_type.from_dict(bucket["default"])
+        row: dict[str, Any] = {
+            "case": bucket["case"],
+            "feasible": len(table),
+            "failed": bucket["failures"],
+            "exhaustive_seconds": bucket["seconds"],
+            "optimum_us": optimum,
+            "optimum_config": next(dict(k) for k, v in table.items() if v == optimum),
+            "default_us": bucket["default_us"],
+        }
+        for method in ("tpe", "random"):
+            reached, gaps = [], []
+            for seed in range(args.seeds):
+                trajectory = replay_search(
+                    bucket["case"], bound, table, default, seed, method == "random", goal, args.budget
+                )["trajectory"]
+                reached.append(trials_to_reach(trajectory, goal))
+                gaps.append(trajectory[min(args.budget, len(trajectory)) - 1] / optimum - 1.0)
+            counts = [r if r is not None else len(table) for r in reached]
+            row[method] = {
+                "trials_to_3pct": reached,
+                "median_trials": statistics.median(counts),
+                "worst_trials": max(counts),
+                "median_share": statistics.median(counts) / len(table),
+                "median_gap_at_budget": statistics.median(gaps),
+                "worst_gap_at_budget": max(gaps),
+            }
+        results.append(row)
+        write_report(tables, args, results)
+        print(f"{row['case']}: {len(table)} configs, optimum {optimum:.2f} µs; TPE reaches 3% in "
+              f"{row['tpe']['median_trials']} trials (median), random in {row['random']['median_trials']}",
+              flush=True)  # fmt: skip
+    return results
+
+
+def write_report(tables: dict[str, Any], args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """JSON and markdown of the buckets replayed so far."""
     report = {
-        "device": device,
-        "compute_capability": ctx.compute_capability,
-        "versions": software_versions(),
-        "date": datetime.date.today().isoformat(),
-        "copy_tbps": ctx.copy_tbps,
-        "timer": ctx.timer.description,
+        **{key: value for key, value in tables["meta"].items() if key != "interpret"},
         "seeds": args.seeds,
         "budget": args.budget,
         "within": WITHIN,
         "target_share": TARGET_SHARE,
         "cases": results,
-        "complete": complete,
+        "complete": bool(tables["complete"]) and len(results) == len(tables["buckets"]),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    # The GPU result is the committed benchmarks/results/tuner_quality.md; a smoke test must not overwrite it.
-    stem = "tuner_quality" + (f"_{device_file_name(device).removesuffix('.json')}" if args.interpret else "")
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    stem = tables_stem(tables["meta"], bool(tables["meta"].get("interpret")), "tuner_quality")
+    write_json(args.out / f"{stem}.json", report)
     (args.out / f"{stem}.md").write_text(markdown(report), encoding="utf-8")
 
 
@@ -187,69 +314,23 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=10, help="sampler seeds per bucket")
     parser.add_argument("--budget", type=int, default=24, help="the tuner's TPE trial budget to report the gap at")
     parser.add_argument("--interpret", action="store_true", help="CPU smoke test under the Triton interpreter")
+    phase = parser.add_mutually_exclusive_group()
+    phase.add_argument("--tables-only", action="store_true", help="measure the truth tables, skip the replay")
+    phase.add_argument("--replay", type=Path, metavar="TABLES_JSON", help="replay saved tables (no GPU needed)")
     args = parser.parse_args()
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
-
-    import optuna
-
-    from layoutgen.tuning.plan import TuneOptions, make_targets
-    from layoutgen.tuning.study import QuietReporter, make_context
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ctx = make_context(TuneOptions(interpret=args.interpret, workers=1), None, QuietReporter())
-    results = []
-    try:
-        for spec, kernel, N, H, D, buckets in INTERPRET_CASES if args.interpret else GPU_CASES:
-            options = TuneOptions(specs=(spec,), kernels=(kernel,), shapes=((N, H, D),), interpret=args.interpret)
-            (target,) = make_targets(options)
-            for batch in buckets:
-                label = f"{target.problem.label} B={batch}"
-                print(f"measuring every feasible config of {label} ...", flush=True)
-                truth = measure_exhaustively(ctx, target, batch)
-                values = [v for v in truth["table"].values() if v is not None]
-                optimum = min(values)
-                goal = WITHIN * optimum
-                default = truth["bound"].config_type.from_dict(truth["default"])
-                row: dict[str, Any] = {
-                    "case": label,
-                    "feasible": len(truth["table"]),
-                    "failed": truth["failures"],
-                    "exhaustive_seconds": round(truth["seconds"], 1),
-                    "optimum_us": optimum,
-                    "optimum_config": next(dict(k) for k, v in truth["table"].items() if v == optimum),
-                    "default_us": truth["default_us"],
-                }
-                for method in ("tpe", "random"):
-                    reached, gaps = [], []
-                    for seed in range(args.seeds):
-                        run = replay_search(
-                            label, truth["bound"], truth["table"], default, seed, method == "random", goal, args.budget
-                        )
-                        trajectory = run["trajectory"]
-                        reached.append(trials_to_reach(trajectory, goal))
-                        at_budget = trajectory[min(args.budget, len(trajectory)) - 1]
-                        gaps.append(at_budget / optimum - 1.0)
-                    counts = [r if r is not None else len(truth["table"]) for r in reached]
-                    row[method] = {
-                        "trials_to_3pct": reached,
-                        "median_trials": statistics.median(counts),
-                        "worst_trials": max(counts),
-                        "median_share": statistics.median(counts) / len(truth["table"]),
-                        "median_gap_at_budget": statistics.median(gaps),
-                        "worst_gap_at_budget": max(gaps),
-                    }
-                results.append(row)
-                write_report(ctx, args, results, complete=False)
-                print(f"  {len(truth['table'])} configs, optimum {optimum:.2f} µs; TPE reaches 3% in "
-                      f"{row['tpe']['median_trials']} trials (median), random in {row['random']['median_trials']}")  # fmt: skip
-    except KeyboardInterrupt:
-        print(f"interrupted: the report holds the {len(results)} bucket(s) measured so far")
-        return 130
-    finally:
-        ctx.pool.close()
-    write_report(ctx, args, results, complete=True)
-
+    if args.replay is not None:
+        try:
+            tables = json.loads(args.replay.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"--replay {args.replay}: cannot read the tables: {error}") from None
+        args.interpret = bool(tables["meta"].get("interpret"))
+    else:
+        tables = measure_tables(args)
+        if args.tables_only:
+            return 0 if tables["complete"] else 130
+    results = replay_tables(tables, args)
     missed = [row["case"] for row in results if row["tpe"]["median_share"] > TARGET_SHARE]
     print("target met in every bucket" if not missed else f"target missed in: {', '.join(missed)}")
     return 0
@@ -283,7 +364,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{tpe['median_gap_at_budget']:.1%} / {tpe['worst_gap_at_budget']:.1%} | {rnd['median_trials']:g} |"
         )
     if not report["complete"]:
-        lines += ["", f"Partial run: interrupted after the {len(report['cases'])} bucket(s) above."]
+        lines += ["", f"Partial run: the {len(report['cases'])} bucket(s) above were measured before it was cut."]
     lines.append("")
     return "\n".join(lines)
 

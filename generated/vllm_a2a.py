@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'vllm_a2a'
 SPEC_HASH = 'b1210ad23bc0ccc209e1094dfff6db613cea499b705a953bd403027de8314b91'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': '8194f247b082a524d51049c11c9e9a1937fb7b511a5a6af7de6cfe1c46926c78', 'combine': '86aa736f18d00db1f7632636eb44b886baa2ffed5b5a0fe46da36b5c7fdb877c'}
+SOURCE_HASHES = {'pack': '7125eeef48cf250893a5c05f2b99db10b2d935d83999f09d0e51ea94b724a2ca', 'combine': 'f8c9d1a2c71d2b6d5ffff25b9b8b82ecae55018c97d62997e97d482d9d66041a'}
 SPEC_SUMMARY = "vLLM's split a2a; payload and LSE in two all_to_all_single buffers."
 SPEC = _parse_spec({**{'name': 'vllm_a2a', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 1, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -33,7 +33,9 @@ def alloc(N, B_max, H, D, dtype, device=None):
     return _runtime.allocate(SPEC, N, B_max, H, D, dtype, device)
 
 
-@triton.jit
+# The live batch only bounds masks: not specialising it (Triton would compile B == 1, B % 16 == 0 and the
+# rest apart) lets one compiled kernel serve every batch size, in serving and across the tuner's buckets.
+@triton.jit(do_not_specialize=["batch_size"])
 def _pack_kernel(
     out_ptr,
     lse_ptr,
@@ -154,7 +156,23 @@ def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel):
     )
 
 
+# Combine: its helpers, its kernel and its launcher (SOURCE_HASHES["combine"] covers all from here).
 @triton.jit
+def _empty_if_not_finite(lse):
+    """NaN and +inf LSEs count as empty shards (-inf)."""
+    return tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
+
+
+@triton.jit
+def _lse_exp(exponent, LSE_BASE_2: tl.constexpr):
+    if LSE_BASE_2:
+        power = tl.exp2(exponent)
+    else:
+        power = tl.exp(exponent)
+    return power
+
+
+@triton.jit(do_not_specialize=["batch_size"])
 def _combine_kernel(
     payload_ptr,
     stats_ptr,
@@ -217,57 +235,54 @@ def _combine_kernel(
     # where the one pass chains N rescales (max -> exp -> multiply per peer): N = 4, B = 8 1.53 against
     # 1.64 µs; N = 8, B = 1 1.35 against 1.38-1.42 µs; N = 8, B = 256 10.8 against 11.0 µs.
     # Either way every load is independent of the arithmetic, so all N partials are in flight at once.
+    # The accumulator holds the weighted mean itself (each partial enters with weight / weight sum): a sum
+    # of N partials near the dtype's maximum would overflow float32 before a final division, and a
+    # per-row scale replaces a division per element.  The guard selects the payload, not the product, so
+    # an empty partial (share 0) adds 0 even when its payload is NaN, and the multiply-add stays fused.
+    lse_max = tl.full((BLOCK_BATCH, BLOCK_HEAD), float("-inf"), tl.float32)
+    weight_sum = tl.zeros((BLOCK_BATCH, BLOCK_HEAD), tl.float32)
+    accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
     if NUM_PEERS <= 2:
-        lse_max = tl.full((BLOCK_BATCH, BLOCK_HEAD), float("-inf"), tl.float32)
-        weight_sum = tl.zeros((BLOCK_BATCH, BLOCK_HEAD), tl.float32)
-        accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
         for peer in tl.static_range(NUM_PEERS):
-            lse = tl.load(stats_ptr + peer * stats_stride_peer + lse_row_offset, mask=row_mask, other=float("-inf"))
+            lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
+            lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
             partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
             partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
-            # NaN and +inf count as empty.
-            lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
             new_max = tl.maximum(lse_max, lse)
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-            if LSE_BASE_2:
-                rescale = tl.exp2(lse_max - shift)
-                weight = tl.exp2(lse - shift)
-            else:
-                rescale = tl.exp(lse_max - shift)
-                weight = tl.exp(lse - shift)
-            weight_3d = weight[:, :, None]
-            # An empty partial (weight 0) contributes nothing, even if its payload is NaN.
-            accumulator = accumulator * rescale[:, :, None] + tl.where(weight_3d > 0.0, weight_3d * partial, 0.0)
-            weight_sum = weight_sum * rescale + weight
+            kept_sum = weight_sum * _lse_exp(lse_max - shift, LSE_BASE_2)
+            weight = _lse_exp(lse - shift, LSE_BASE_2)
+            weight_sum = kept_sum + weight
+            inverse_sum = 1.0 / tl.where(weight_sum > 0.0, weight_sum, 1.0)
+            kept_3d = (kept_sum * inverse_sum)[:, :, None]
+            share_3d = (weight * inverse_sum)[:, :, None]
+            accumulator = accumulator * kept_3d + share_3d * tl.where(share_3d > 0.0, partial, 0.0)
             lse_max = new_max
         all_empty = lse_max == float("-inf")
     else:
-        lse_max = tl.full((BLOCK_BATCH, BLOCK_HEAD), float("-inf"), tl.float32)
         for peer in tl.static_range(NUM_PEERS):
-            lse = tl.load(stats_ptr + peer * stats_stride_peer + lse_row_offset, mask=row_mask, other=float("-inf"))
-            lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
+            lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
+            lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
             lse_max = tl.maximum(lse_max, lse)
         all_empty = lse_max == float("-inf")
         shift = tl.where(all_empty, 0.0, lse_max)
-        weight_sum = tl.zeros((BLOCK_BATCH, BLOCK_HEAD), tl.float32)
-        accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
-        # The LSE words are loaded again: they are in L1 by now, and Triton keeps no per-peer list.
+        # The LSE words and their exponentials are loaded and computed again per loop: the loads hit L1 (the
+        # compiler merges them), and Triton keeps no per-peer list of tensors.
         for peer in tl.static_range(NUM_PEERS):
-            lse = tl.load(stats_ptr + peer * stats_stride_peer + lse_row_offset, mask=row_mask, other=float("-inf"))
+            lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
+            lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
+            weight_sum += _lse_exp(lse - shift, LSE_BASE_2)
+        inverse_sum = 1.0 / tl.where(all_empty, 1.0, weight_sum)
+        for peer in tl.static_range(NUM_PEERS):
+            lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
+            lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
             partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
             partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
-            lse = tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
-            if LSE_BASE_2:
-                weight = tl.exp2(lse - shift)
-            else:
-                weight = tl.exp(lse - shift)
-            weight_3d = weight[:, :, None]
-            accumulator += tl.where(weight_3d > 0.0, weight_3d * partial, 0.0)
-            weight_sum += weight
+            share_3d = (_lse_exp(lse - shift, LSE_BASE_2) * inverse_sum)[:, :, None]
+            accumulator += share_3d * tl.where(share_3d > 0.0, partial, 0.0)
 
-    merged = accumulator / tl.where(all_empty, 1.0, weight_sum)[:, :, None]
     destination = out_ptr + batch_3d * out_stride_batch + head_3d * out_stride_head + dim_3d * out_stride_dim
-    tl.store(destination, merged.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(destination, accumulator.to(out_ptr.dtype.element_ty), mask=mask)
     if RETURN_LSE:
         if dim_block == 0:
             if LSE_BASE_2:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -129,16 +129,18 @@ def tune(
         return
     try:
         summary = run(options, console)
+        if summary.db_path is not None:
+            decided = sum(1 for row in summary.rows if row.chosen)
+            console.print(f"{decided} decision(s) recorded in {summary.db_path}")
+            if interpret:
+                console.print(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={summary.db_path.parent}")
     except (ValueError, RuntimeError) as error:
         raise CommandFailed(str(error), code=2) from None
-    if summary.db_path is not None:
-        decided = sum(1 for row in summary.rows if row.chosen)
-        console.print(f"{decided} decision(s) recorded in {summary.db_path}")
-        if interpret:
-            console.print(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={summary.db_path.parent}")
+    except KeyboardInterrupt:
+        # Past the search (collecting, recording, printing): every family searched was recorded already.
+        _exit_resumable()
     if summary.interrupted:
-        errors.print("[red]interrupted[/red]: decided studies were recorded; re-run the same command to resume")
-        sys.exit(130)
+        _exit_resumable()
     if summary.worker_errors:
         raise CommandFailed("; ".join(summary.worker_errors), code=1)
     if summary.gate_failures:
@@ -199,3 +201,10 @@ def expand_list_options(args: list[str]) -> list[str]:
 
 def register(app: typer.Typer) -> None:
     app.command("tune")(tune)
+
+
+def _exit_resumable() -> NoReturn:
+    from layoutgen.cli import errors
+
+    errors.print("[red]interrupted[/red]: decided studies were recorded; re-run the same command to resume")
+    sys.exit(130)

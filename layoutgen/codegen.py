@@ -157,7 +157,7 @@ def render_kernels(spec: LayoutSpec) -> str:
 
 
 #: Where the combine kernel's code starts in the rendered kernels: everything before belongs to pack.
-_COMBINE_START = "@triton.jit\ndef _combine_kernel("
+_COMBINE_START = "# Combine: its helpers, its kernel and its launcher"
 
 
 def source_hashes(kernels: str) -> dict[str, str]:
@@ -165,7 +165,7 @@ def source_hashes(kernels: str) -> dict[str, str]:
     leaves the other's tuning-database entries current."""
     start = kernels.find(_COMBINE_START)
     if start <= 0:
-        raise RuntimeError("kernels.py.jinja must define _pack_kernel before _combine_kernel")
+        raise RuntimeError("kernels.py.jinja must define the pack kernel before the combine section")
     sections = {"pack": kernels[:start], "combine": kernels[start:]}
     return {kernel: hashlib.sha256(text.encode()).hexdigest() for kernel, text in sections.items()}
 

@@ -479,6 +479,9 @@ def test_the_compile_worker_drives_every_launcher_with_meta_tensors(spec_name: s
     assert failure is not None and not failure.from_triton and "PackConfig" in failure.message
     assert [batch_class(b) for b in (1, 2, 8, 16, 4096)] == ["one", "plain", "plain", "div16", "div16"]
     assert job.variant == CompileJob(*job.__dict__.values()).variant
+    # The live batch is not specialised: one compile serves B = 1, 5 and 16 at the same capacity class.
+    assert len({dataclasses.replace(job, batch=batch).variant for batch in (1, 5, 16)}) == 1
+    assert dataclasses.replace(job, capacity=17).variant != job.variant
 
 
 @pytest.mark.gpu

@@ -6,8 +6,9 @@ swapped for a warm-up proxy: Triton binds the arguments exactly as a real
 launch would (meta tensors specialise like 16-byte aligned pointers), compiles,
 and writes the binary to its cache without launching anything.  The tuner's
 own launch of the same (config, specialisation) then loads it from the cache
-in milliseconds.  The batch is a run-time argument, so one compile serves every
-batch bucket with the same integer specialisation (B == 1, B % 16 == 0, other).
+in milliseconds.  The live batch is a run-time argument the kernels do not
+specialise on, so one compile serves every batch bucket whose buffers have the
+same capacity class (B_max == 1, B_max % 16 == 0, other).
 
 Under the Triton interpreter nothing compiles; the pool is not started.
 """
@@ -50,9 +51,10 @@ class CompileJob:
 
     @property
     def variant(self) -> tuple[Any, ...]:
-        # Only the integer specialisations of batch and capacity reach the compiled code.
+        # Only the capacity's integer specialisation reaches the compiled code (the kernels do not specialise
+        # on the live batch).
         return (self.module_path, self.kernel, self.N, self.H, self.D, self.dtype,
-                batch_class(self.capacity), batch_class(self.batch), self.config)  # fmt: skip
+                batch_class(self.capacity), self.config)  # fmt: skip
 
 
 def needs_int64(*tensors: Any) -> bool:

@@ -54,7 +54,7 @@ UNCLAIMED_STALE_AFTER_S = 10.0
 #: Minimum gain over the default, as a fraction, for a winner to be written (timing noise floor).
 NOISE_FLOOR = 0.02
 #: A candidate slower than this multiple of the study's best stops timing after MIN_REPEATS samples.
-GIVE_UP_FACTOR = 3.0
+GIVE_UP_FACTOR = 1.5
 #: A first launch this slow compiled the kernel instead of loading it from Triton's cache.
 SLOW_FIRST_LAUNCH_S = 0.25
 #: Asks per study that produced nothing new (infeasible points, repeats) before the search gives up.

@@ -27,9 +27,10 @@ import torch
 #: Work per captured graph: enough calls that the graph launch (~2-3 µs) is amortised.
 GRAPH_TARGET_US = 200.0
 MAX_CALLS_PER_GRAPH = 64
-#: Replays per candidate; the brief's 50-100 graph replays, cut short for hopeless candidates.
-REPEATS = 50
-MIN_REPEATS = 10
+#: Samples per candidate (each a replay of ~GRAPH_TARGET_US), cut short for hopeless candidates.  The search
+#: only ranks candidates; the winner and the default are re-timed together with INTERLEAVED_REPEATS each.
+REPEATS = 30
+MIN_REPEATS = 8
 #: Interleaved replays per side when the winner and the default are re-timed together.
 INTERLEAVED_REPEATS = 100
 
