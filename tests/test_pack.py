@@ -211,3 +211,25 @@ def test_the_check_catches_a_kernel_that_writes_past_the_row(tmp_path, generator
     out, lse = random_inputs(B, H, D, torch.bfloat16, generator)
     with pytest.raises(AssertionError, match="bytes differ"):
         _check_pack(module, N, B, B + 1, H, D, torch.bfloat16, out, lse)
+
+
+@pytest.mark.parametrize("spec_name", ["vllm_a2a", "flashinfer_mnnvl"])
+def test_pack_runs_batch_blocks_along_the_grid_y_axis_and_refuses_more_than_cuda_allows(spec_name, modules):
+    from layoutgen.runtime.launch import Recorder
+
+    module = modules[spec_name]
+    N, H, D = 2, 4, 8
+    config = PackConfig(block_peer=1, block_batch=1, block_head=1, block_dim=8, num_warps=1, num_stages=1)
+
+    def launch(batch: int) -> Recorder:
+        bufs = LayoutBuffers.allocate(module.SPEC, N, batch, H, D, torch.bfloat16, "meta")
+        out = torch.empty(batch, H, D, dtype=torch.bfloat16, device="meta")
+        lse = torch.empty(batch, H, dtype=torch.float32, device="meta")
+        recorder = Recorder()
+        module._launch_pack(out, lse, bufs, batch, config, False, kernel=recorder)
+        return recorder
+
+    ((grid, _, _),) = launch(65535).calls
+    assert grid[1] == 65535 and grid[0] * grid[2] == N * (H // N)  # one program per (peer, head) per row
+    with pytest.raises(ValueError, match=r"65536 programs along the grid's y axis.*block_batch >= 2"):
+        launch(65536)
