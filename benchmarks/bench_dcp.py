@@ -16,10 +16,10 @@ same clocks:
 
 Every variant is checked against `layoutgen.reference` before it is timed.
 Times are CUDA-graph replay medians (`layoutgen.tuning.timing.CudaGraphTimer`);
-inputs rotate over several sets while a set is smaller than 2x the L2, so small
-batches are not measured out of a warm cache.  `--warm` adds one L2-resident
-measurement per small point (a single input set), the case where attention has
-just written `out`.
+inputs rotate over up to MAX_SETS sets until they span 2x the L2.  From about
+B = 256 at H = 128 every call reads DRAM; below, the 8 sets fit in the L2 and
+the figure is close to the L2-resident one that `--warm` adds per small point (a
+single input set: the case where attention has just written `out`).
 
 Usage (GPU): python benchmarks/bench_dcp.py --out benchmarks/results [--db tuning_db]
 """
@@ -54,7 +54,8 @@ MAX_SETS = 8
 
 
 def rotating_sets(set_bytes: int) -> int:
-    """Input sets to rotate over so that one pass spans twice the L2: small batches are not timed warm."""
+    """Input sets to rotate over so that one pass spans twice the L2, at most MAX_SETS (at B <= 64, H = 128
+    the sets then fit in the L2: see the module docstring)."""
     return max(1, min(MAX_SETS, math.ceil(2 * L2_BYTES / set_bytes)))
 
 
@@ -348,7 +349,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Copy ceiling (best of torch `copy_` and a 16-byte Triton copy, read + write): {ceil['copy_tbps']:.2f} TB/s "
         f"(torch `copy_`: {ceil['torch_copy_tbps']:.2f} TB/s); empty Triton kernel in a CUDA graph: "
         f"{ceil['empty_kernel_us']:.2f} µs. Tuning database: {result['tuning_db']}.",
-        "CUDA-graph replay medians; bf16; inputs rotated over several sets when one set is under 2x the L2. "
+        f"CUDA-graph replay medians; bf16; inputs rotated over up to {MAX_SETS} sets until they span 2x the L2 "
+        "(at B ≤ 64, H = 128 they fit in the L2). "
         "`ours` is the tuned config where the database has one, else the default. Speed-up = sglang µs / ours µs.",
         "",
         "## Summary",
