@@ -5,9 +5,15 @@ rendered from a changed template) over the same small config grid per point, wit
 the reference line.  Every config is checked against `layoutgen.reference` before it is timed; times are
 CUDA-graph replay medians with rotated inputs (`layoutgen.tuning.timing.CudaGraphTimer`).
 
+`--space` times every feasible config of the tuner's search space instead (compiled ahead on the tuner's
+process pool), under the benchmark's input rotation: what the tuner would choose under `bench_dcp.py`'s
+cache conditions, next to sglang.  `--point N:B:H:D` (repeatable) picks the points.
+
 Usage (GPU):
     python benchmarks/probe_combine.py --module old=/path/old_vllm_a2a.py --module new=generated/vllm_a2a.py \
         --out benchmarks/results/probe_combine_H200.json
+    python benchmarks/probe_combine.py --module cur=generated/pynccl_a2a.py --space --point 4:8:128:512 \
+        --out /tmp/space.json
 """
 
 from __future__ import annotations
@@ -36,8 +42,24 @@ CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 2), (2, 512, 4))
 POINTS = [(N, B, 128, 512) for N in (2, 8) for B in (1, 8, 64, 256)] + [(4, 8, 128, 512), (8, 8, 32, 128)]
 
 
+def space_configs(module: Any, N: int, B: int, H: int, D: int, pool: Any) -> dict[str, CombineConfig]:
+    """Every feasible config of the tuner's combine space at this point, compiled ahead on `pool`."""
+    from layoutgen.tuning.compile import CompileJob
+    from layoutgen.tuning.space import Problem, bind
+
+    feasible = bind(Problem(module.SPEC, "combine", N, H // N, D, "bfloat16"), B).feasible()
+    jobs = [
+        CompileJob(module.__file__, "combine", N, H, D, "bfloat16", B, B, tuple(sorted(c.as_dict().items())))
+        for c in feasible
+    ]
+    for future in [pool.submit(job) for job in jobs]:
+        if future is not None:
+            future.result()
+    return {"x".join(str(v) for v in config.as_dict().values()): config for config in feasible}
+
+
 def measure_point(
-    modules: dict[str, Any], sglang: Any, timer: CudaGraphTimer, N: int, B: int, H: int, D: int
+    modules: dict[str, Any], sglang: Any, timer: CudaGraphTimer, N: int, B: int, H: int, D: int, pool: Any = None
 ) -> dict[str, Any]:
     first = next(iter(modules.values()))
     Hl = H // N
@@ -57,9 +79,12 @@ def measure_point(
     merged = torch.empty(B, Hl, D, dtype=torch.bfloat16, device="cuda")
     estimate = max(1.0, combine_bytes / 3.5e6)
     default = default_combine_config(first.SPEC, N, Hl, D, B, 2)
-    configs = {f"{h}x{d}x{w}": CombineConfig(1, h, d, w) for h, d, w in CONFIGS if h <= Hl and d <= D}
-    configs["default"] = default
     for label, module in modules.items():
+        if pool is not None:
+            configs = space_configs(module, N, B, H, D, pool)
+        else:
+            configs = {f"{h}x{d}x{w}": CombineConfig(1, h, d, w) for h, d, w in CONFIGS if h <= Hl and d <= D}
+        configs["default"] = default
         results = {}
         for name, config in configs.items():
 
@@ -87,6 +112,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--module", action="append", required=True, help="LABEL=PATH of a generated module")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--space", action="store_true", help="every feasible config of the tuner's space")
+    parser.add_argument("--point", action="append", default=[], metavar="N:B:H:D", help="a point (repeatable)")
     args = parser.parse_args()
     from baselines import load_sglang_dcp_kernels
 
@@ -96,24 +123,33 @@ def main() -> int:
         modules[label] = layoutgen.load(path)
     sglang = load_sglang_dcp_kernels()
     timer = CudaGraphTimer()
+    points = [tuple(int(v) for v in point.split(":")) for point in args.point] or POINTS
+    pool = None
+    if args.space:
+        from layoutgen.tuning.compile import CompilePool, default_compile_workers
+
+        pool = CompilePool(default_compile_workers(1))
     rows: list[dict[str, Any]] = []
-    for N, B, H, D in POINTS:
-        row = measure_point(modules, sglang, timer, N, B, H, D)
+    for N, B, H, D in points:
+        row = measure_point(modules, sglang, timer, N, B, H, D, pool)
         rows.append(row)
         line = "  ".join(
             f"{label} best {row[f'{label}_best']:.2f} ({row[f'{label}_best_config']}) default {row[label]['default']:.2f}"
             for label in modules
         )
         print(f"N={N} B={B} H={H} D={D}: {line}  sglang {row['sglang']:.2f}", flush=True)
-    result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "modules": {label: str(path) for label, path in (item.split("=", 1) for item in args.module)},
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        result = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "modules": {label: str(path) for label, path in (item.split("=", 1) for item in args.module)},
+            "space": args.space,
+            "rows": rows,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")  # after every point
+    if pool is not None:
+        pool.close()
     return 0
 
 
