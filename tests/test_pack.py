@@ -8,6 +8,7 @@ dtype, a tile with an extent) without the full cartesian product.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -233,3 +234,22 @@ def test_pack_runs_batch_blocks_along_the_grid_y_axis_and_refuses_more_than_cuda
     assert grid[1] == 65535 and grid[0] * grid[2] == N * (H // N)  # one program per (peer, head) per row
     with pytest.raises(ValueError, match=r"65536 programs along the grid's y axis.*block_batch >= 2"):
         launch(65536)
+
+
+def test_dispatch_fits_a_batch_past_the_grid_limit_instead_of_failing(modules):
+    from layoutgen.runtime.configs import MAX_GRID_Y, fit_grid
+    from layoutgen.runtime.launch import Recorder
+
+    module = modules["vllm_a2a"]
+    config = PackConfig(block_peer=1, block_batch=1, block_head=1, block_dim=8, num_warps=1, num_stages=1)
+    assert fit_grid(config, MAX_GRID_Y) is config
+    fitted = fit_grid(config, 2 * MAX_GRID_Y + 1)
+    assert fitted.block_batch == 4 and dataclasses.replace(fitted, block_batch=1) == config
+    batch = 2 * MAX_GRID_Y + 1
+    bufs = LayoutBuffers.allocate(module.SPEC, 2, batch, 4, 8, torch.bfloat16, "meta")
+    out = torch.empty(batch, 4, 8, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(batch, 4, dtype=torch.float32, device="meta")
+    recorder = Recorder()
+    module._launch_pack(out, lse, bufs, batch, fitted, False, kernel=recorder)
+    ((grid, _, _),) = recorder.calls
+    assert grid[1] == -(-batch // 4) <= MAX_GRID_Y

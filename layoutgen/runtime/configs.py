@@ -28,6 +28,9 @@ from layoutgen.spec import LayoutSpec
 CONFIG_ENV = "LAYOUTGEN_CONFIG"
 TUNING_DB_ENV = "LAYOUTGEN_TUNING_DB"
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+#: CUDA's limit on a grid's y dimension, along which pack runs its batch blocks (the generated launcher
+#: refuses a config that needs more).
+MAX_GRID_Y = 65535
 
 
 class LayoutgenWarning(UserWarning):
@@ -261,6 +264,14 @@ def resolve_config(
         except (TypeError, ValueError) as error:
             raise ValueError(f"{CONFIG_ENV} forces an invalid {kernel} config: {error}") from None
     tuned = tuned_config(spec, kernel, device, N, heads_per_peer, D, dtype, batch, spec_hash, source_hash)
-    if tuned is not None:
-        return tuned
-    return default_for(spec, N, heads_per_peer, D, max(batch, 1), elem_size)
+    chosen = tuned if tuned is not None else default_for(spec, N, heads_per_peer, D, max(batch, 1), elem_size)
+    return fit_grid(chosen, batch) if kernel == "pack" else chosen
+
+
+def fit_grid(config: KernelConfig, batch: int) -> KernelConfig:
+    """A pack config whose batch blocks fit the grid's y axis: past MAX_GRID_Y x block_batch rows (a batch
+    no decode step reaches, but dispatch must not fail on it) the rows per program double until they fit."""
+    block_batch = config.block_batch
+    while -(-batch // block_batch) > MAX_GRID_Y:
+        block_batch *= 2
+    return config if block_batch == config.block_batch else dataclasses.replace(config, block_batch=block_batch)
