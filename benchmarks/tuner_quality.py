@@ -89,7 +89,6 @@ def measure_exhaustively(ctx: Any, target: Any, batch: int) -> dict[str, Any]:
         "failures": dict(failures),
         "default_us": default_us,
         "default": default.as_dict(),
-        "bound": bound,
     }
 
 
@@ -199,8 +198,9 @@ def measure_tables(args: argparse.Namespace) -> dict[str, Any]:
         "complete": False,
     }
     path = args.out / f"{tables_stem(tables['meta'], args.interpret, 'tuner_quality_tables')}.json"
+    cases = INTERPRET_CASES if args.interpret else GPU_CASES
     try:
-        for spec, kernel, N, H, D, buckets in INTERPRET_CASES if args.interpret else GPU_CASES:
+        for spec, kernel, N, H, D, buckets in cases:
             (target,) = make_targets(case_options(spec, kernel, N, H, D, args.interpret))
             for batch in buckets:
                 label = f"{target.problem.label} B={batch}"
@@ -223,7 +223,7 @@ def measure_tables(args: argparse.Namespace) -> dict[str, Any]:
         print(f"interrupted: {path} holds the {len(tables['buckets'])} bucket(s) measured so far")
     finally:
         ctx.pool.close()
-    tables["complete"] = len(tables["buckets"]) == sum(len(case[-1]) for case in GPU_CASES) or args.interpret
+    tables["complete"] = len(tables["buckets"]) == sum(len(case[-1]) for case in cases)
     write_json(path, tables)
     return tables
 

@@ -150,7 +150,7 @@ class Dispatcher:
         if _is_compiling():
             self._pack_traced(out, lse, bufs, config)
             return
-        # The same lookup as pack_plan(), inlined: the eager hot path is one dict hit, no extra call.
+        # The same lookup as pack_plan() (_pack_key inlined): the eager hot path is one dict hit, no extra call.
         try:
             plan = bufs.__dict__[_PLANS][
                 (
@@ -177,37 +177,17 @@ class Dispatcher:
     def pack_plan(self, out: Any, lse: Any, bufs: Any, config: PackConfig | None = None) -> PackPlan:
         """The cached plan for these arguments (validating them the first time): shows the config in use."""
         try:
-            return bufs.__dict__[_PLANS][
-                (
-                    self,
-                    out.shape,
-                    out.stride(),
-                    out.dtype,
-                    out.device,
-                    lse.shape,
-                    lse.stride(),
-                    lse.dtype,
-                    lse.device,
-                    config,
-                )
-            ]
+            return bufs.__dict__[_PLANS][self._pack_key(out, lse, config)]
         except (AttributeError, KeyError, TypeError):
             return self._plan_pack(out, lse, bufs, config)
 
+    def _pack_key(self, out: Any, lse: Any, config: Any) -> tuple[Any, ...]:
+        """What a pack plan depends on besides the buffers (whose dict holds the plans); `pack` inlines it."""
+        return (self, out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype,
+                lse.device, config)  # fmt: skip
+
     def _plan_pack(self, out: Any, lse: Any, bufs: Any, config: Any) -> PackPlan:
         batch = checks.check_pack_args(self.spec, out, lse, bufs)
-        key = (
-            self,
-            out.shape,
-            out.stride(),
-            out.dtype,
-            out.device,
-            lse.shape,
-            lse.stride(),
-            lse.dtype,
-            lse.device,
-            config,
-        )
         if config is None:
             resolved = configs.resolve_config(
                 self.spec,
@@ -226,7 +206,7 @@ class Dispatcher:
             checks.check_config(config, PackConfig)
             resolved = config
         plan = PackPlan(batch, cast(PackConfig, resolved), checks.needs_int64(out, lse, *bufs.tensors.values()))
-        _plans_of(bufs)[key] = plan
+        _plans_of(bufs)[self._pack_key(out, lse, config)] = plan
         return plan
 
     def _launch_pack(self, plan: PackPlan, out: torch.Tensor, lse: torch.Tensor, bufs: LayoutBuffers) -> None:
@@ -254,6 +234,7 @@ class Dispatcher:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if _is_compiling():
             return self._combine_traced(bufs, B, lse_base, out, return_lse, config)
+        # The same lookup as combine_plan() (_combine_key inlined), as in pack.
         try:
             plan = bufs.__dict__[_PLANS][
                 (
@@ -320,9 +301,13 @@ class Dispatcher:
             bufs.dtype,
             bufs.device,
         )
-        out_key = None if out is None else (out.shape, out.stride(), out.dtype, out.device)
-        _plans_of(bufs)[(self, B, lse_base, out_key, return_lse, config)] = plan
+        _plans_of(bufs)[self._combine_key(B, lse_base, out, return_lse, config)] = plan
         return plan
+
+    def _combine_key(self, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any) -> tuple[Any, ...]:
+        """What a combine plan depends on besides the buffers; `combine` inlines it."""
+        out_key = None if out is None else (out.shape, out.stride(), out.dtype, out.device)
+        return (self, B, lse_base, out_key, return_lse, config)
 
     # torch.compile ---------------------------------------------------------------------------------------------
 
@@ -358,8 +343,7 @@ class Dispatcher:
     def combine_plan(self, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any) -> CombinePlan:
         """The cached plan for these arguments (validating them the first time)."""
         try:
-            out_key = None if out is None else (out.shape, out.stride(), out.dtype, out.device)
-            return bufs.__dict__[_PLANS][(self, B, lse_base, out_key, return_lse, config)]
+            return bufs.__dict__[_PLANS][self._combine_key(B, lse_base, out, return_lse, config)]
         except (AttributeError, KeyError, TypeError):
             return self._plan_combine(bufs, B, lse_base, out, return_lse, config)
 
