@@ -16,10 +16,11 @@ same clocks:
 
 Every variant is checked against `layoutgen.reference` before it is timed.
 Times are CUDA-graph replay medians (`layoutgen.tuning.timing.CudaGraphTimer`);
-inputs rotate over up to MAX_SETS sets until they span 2x the L2.  From about
-B = 256 at H = 128 every call reads DRAM; below, the 8 sets fit in the L2 and
-the figure is close to the L2-resident one that `--warm` adds per small point (a
-single input set: the case where attention has just written `out`).
+inputs rotate over sets by the tuner's rule (`layoutgen.tuning.timing.rotating_sets`:
+until they span 2x the L2, at most 8).  From about B = 256 at H = 128 every call
+reads DRAM; below, the 8 sets fit in the L2 and the figure is close to the
+L2-resident one that `--warm` adds per small point (a single input set: the
+case where attention has just written `out`).
 
 Usage (GPU): python benchmarks/bench_dcp.py --out benchmarks/results [--db tuning_db]
 """
@@ -45,18 +46,16 @@ import layoutgen
 from layoutgen import reference
 from layoutgen.config import CombineConfig, PackConfig, default_combine_config, default_pack_config
 from layoutgen.tolerances import combine_error
-from layoutgen.tuning.timing import CudaGraphTimer, copy_bandwidth_tbps
+from layoutgen.tuning.timing import (
+    MAX_ROTATING_SETS,
+    CudaGraphTimer,
+    copy_bandwidth_tbps,
+    device_l2_bytes,
+    rotating_sets,
+)
 from layoutgen.tuning_db import TuningKey, batch_bucket, device_file_name, read_database
 
 SPECS = ("pynccl_a2a", "pynccl_a2a_aligned", "vllm_a2a", "flashinfer_mnnvl")
-L2_BYTES = 60 * 1024 * 1024
-MAX_SETS = 8
-
-
-def rotating_sets(set_bytes: int) -> int:
-    """Input sets to rotate over so that one pass spans twice the L2, at most MAX_SETS (at B <= 64, H = 128
-    the sets then fit in the L2: see the module docstring)."""
-    return max(1, min(MAX_SETS, math.ceil(2 * L2_BYTES / set_bytes)))
 
 
 def grid_points(quick: bool) -> list[tuple[int, int, int, int]]:
@@ -132,7 +131,7 @@ def measure_point(
     dtype = torch.bfloat16
     Hl = H // N
     set_bytes = B * H * D * 2 * 2
-    sets = rotating_sets(set_bytes)
+    sets = rotating_sets(set_bytes, device_l2_bytes(0))
     outs = [torch.randn(B, H, D, dtype=dtype, device="cuda") for _ in range(sets)]
     lses = [torch.randn(B, H, device="cuda") * 4 for _ in range(sets)]
     sends = [module.alloc(N, B, H, D, dtype, "cuda") for _ in range(sets)]
@@ -349,7 +348,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"Copy ceiling (best of torch `copy_` and a 16-byte Triton copy, read + write): {ceil['copy_tbps']:.2f} TB/s "
         f"(torch `copy_`: {ceil['torch_copy_tbps']:.2f} TB/s); empty Triton kernel in a CUDA graph: "
         f"{ceil['empty_kernel_us']:.2f} µs. Tuning database: {result['tuning_db']}.",
-        f"CUDA-graph replay medians; bf16; inputs rotated over up to {MAX_SETS} sets until they span 2x the L2 "
+        f"CUDA-graph replay medians; bf16; inputs rotated over up to {MAX_ROTATING_SETS} sets until they span 2x the L2 "
         "(at B ≤ 64, H = 128 they fit in the L2). "
         "`ours` is the tuned config where the database has one, else the default. Speed-up = sglang µs / ours µs.",
         "",

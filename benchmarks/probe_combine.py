@@ -29,13 +29,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_dcp import rotating_sets
 
 import layoutgen
 from layoutgen import reference
 from layoutgen.config import CombineConfig, default_combine_config
 from layoutgen.tolerances import combine_error
-from layoutgen.tuning.timing import CudaGraphTimer
+from layoutgen.tuning.timing import CudaGraphTimer, device_l2_bytes, rotating_sets
 
 #: (block_head, block_dim, num_warps): one-warp small tiles up to whole-row tiles.
 CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 2), (2, 512, 4))
@@ -64,7 +63,7 @@ def measure_point(
     first = next(iter(modules.values()))
     Hl = H // N
     combine_bytes = B * H * D * 2 + B * H * 4 + B * Hl * D * 2
-    sets = rotating_sets(combine_bytes)
+    sets = rotating_sets(combine_bytes, device_l2_bytes(0))
     outs = [torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
     lses = [torch.randn(B, H, device="cuda") * 4 for _ in range(sets)]
     row: dict[str, Any] = {"spec": first.SPEC_NAME, "N": N, "B": B, "H": H, "D": D}

@@ -409,7 +409,9 @@ def summary(bmap: ByteMap) -> str:
     else:
         verdict = f"16-byte stores: no, at most {store}-byte stores cover every payload run exactly"
         if dim_innermost and spec.row_tail and payload_rows.row_align < WIDEST_STORE_BYTES:
-            verdict += " (align_bytes: 16 pads rows to fix that)"
+            verdict += (
+                " (align_bytes: 32 pads rows to fix that; 16 would leave two partly written 32-byte sectors per row)"
+            )
         elif dim_innermost:
             row_payload = problem.D * bmap.buffer("payload").elem_bytes
             verdict += f" (a row's D elements are {row_payload} bytes, not a multiple of 16)"

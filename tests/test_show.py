@@ -168,7 +168,7 @@ def test_json_is_the_map() -> None:
 
 @pytest.mark.parametrize(
     ("name", "store", "padding"),
-    [("pynccl_a2a", 4, 0), ("pynccl_a2a_aligned", 16, 4 * 2 * 2 * 12), ("vllm_a2a", 16, 0)],
+    [("pynccl_a2a", 4, 0), ("pynccl_a2a_aligned", 16, 4 * 2 * 2 * 28), ("vllm_a2a", 16, 0)],
 )
 def test_summary_facts(name: str, store: int, padding: int) -> None:
     from layoutgen.show import facts

@@ -247,7 +247,7 @@ def test_bundled_specs_are_the_documented_ones():
     assert sorted(specs) == ["flashinfer_mnnvl", "pynccl_a2a", "pynccl_a2a_aligned", "vllm_a2a"]
     assert [p.stem for p in bundled_spec_paths()] == sorted(specs)
     assert specs["pynccl_a2a"].payload.axes == ("peer", "batch", "head", "dim") and specs["pynccl_a2a"].row_tail
-    assert specs["pynccl_a2a_aligned"].align_bytes == 16
+    assert specs["pynccl_a2a_aligned"].align_bytes == 32
     mnnvl = specs["flashinfer_mnnvl"]
     assert mnnvl.payload.axes == ("batch", "head", "peer", "dim") and mnnvl.transport.value == "external"
     assert (mnnvl.stats.axes, mnnvl.stats.slots, mnnvl.stats.slot) == (("batch", "head", "peer", "slot"), 2, 0)

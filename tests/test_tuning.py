@@ -28,7 +28,7 @@ from layoutgen.config import CombineConfig, PackConfig
 from layoutgen.spec import bundled_specs
 from layoutgen.tuning import plan, runner, space, study
 from layoutgen.tuning.storage import open_storage
-from layoutgen.tuning.timing import WallClockTimer, summarize
+from layoutgen.tuning.timing import MAX_ROTATING_SETS, WallClockTimer, rotating_sets, summarize
 from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningKey, device_file_name, read_database
 
 
@@ -525,3 +525,14 @@ def test_the_phase_summary_splits_a_trial_into_its_parts() -> None:
         "100 trials in 2 s; ms per trial: compile wait 1.0, gate and first launch 4.0, timing 10.0, "
         "the rest (sampler, storage, final re-timing) 5.0"
     )
+
+
+def test_timing_inputs_rotate_until_they_span_two_l2_caches_over_at_most_eight_sets() -> None:
+    l2 = 50 << 20
+    assert MAX_ROTATING_SETS == 8
+    assert rotating_sets(2 * l2, l2) == 1  # reads DRAM on its own
+    assert rotating_sets(2 * l2 - 1, l2) == 2
+    assert rotating_sets(l2 // 2, l2) == 4
+    assert rotating_sets(l2 // 4 + 1, l2) == 8
+    assert rotating_sets(1024, l2) == 8  # a small problem stays L2-resident, as in serving
+    assert rotating_sets(1024, 0) == 1  # the interpreter has no L2 to defeat

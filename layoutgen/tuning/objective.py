@@ -11,15 +11,14 @@ so a byte the layout does not own must stay untouched), combine within
 combine that reads them is caught).  A config that fails the gate is a kernel
 bug, not a slow config.
 
-Timing inputs rotate over several sets when one call's bytes fit in twice the L2
-cache (rows of `sets` in the results), so a small problem is not timed out of
-a warm cache; the number of sets is capped, and the smallest problems stay
-partly L2-resident as they are in serving, right after attention wrote them.
+Timing inputs rotate over several sets (`layoutgen.tuning.timing.rotating_sets`,
+the rule the GPU benchmark uses too; rows of `sets` in the results): a large
+problem reads DRAM as in serving, a small one stays L2-resident as it does right
+after attention or the exchange wrote it.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -36,14 +35,11 @@ from layoutgen.layout import LSE_BYTES, LayoutBuffers
 from layoutgen.tolerances import combine_error
 from layoutgen.tuning.compile import CompileError, CompileJob, needs_int64
 from layoutgen.tuning.space import Problem
-from layoutgen.tuning.timing import Timing
+from layoutgen.tuning.timing import Timing, rotating_sets
 
 CANARY = 0xA5
 #: All-ones bytes are NaN in every float dtype: what a combine must never read.
 NAN_BYTE = 0xFF
-#: Rotate timing inputs until the sets together span this many L2 caches.
-ROTATE_L2_MULTIPLE = 2
-MAX_ROTATING_SETS = 64
 #: Bandwidth assumed when sizing a graph before anything is measured (bytes per µs).
 ASSUMED_BYTES_PER_US = 3.0e6
 ASSUMED_LAUNCH_US = 2.0
@@ -129,12 +125,7 @@ class Workload:
         self.device = device
         self.capacity = capacity_for(batch, device)
         self.bytes_moved = bytes_moved(self.problem, batch)
-        rotate_bytes = ROTATE_L2_MULTIPLE * l2_bytes
-        self.sets = (
-            1
-            if self.bytes_moved >= rotate_bytes
-            else min(MAX_ROTATING_SETS, math.ceil(rotate_bytes / self.bytes_moved))
-        )
+        self.sets = rotating_sets(self.bytes_moved, l2_bytes)
         self.estimated_us = ASSUMED_LAUNCH_US + self.bytes_moved / ASSUMED_BYTES_PER_US
         self._gate_buffers: dict[str, Any] | None = None
         self._timing_sets: list[dict[str, Any]] | None = None

@@ -21,6 +21,7 @@ from rich.console import Console
 from layoutgen.tuning.plan import TuneOptions, decided_in_database, make_targets, study_name, tuning_key
 from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables, summary_lines
 from layoutgen.tuning.storage import describe_storage, open_storage
+from layoutgen.tuning.timing import MAX_ROTATING_SETS
 
 #: Exit code of a worker that found a config failing the correctness gate.
 GATE_FAILURE_EXIT = 3
@@ -154,8 +155,8 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
             f"{len(rows)} studies; device copy bandwidth "
             + (f"{copy:.2f} TB/s (read + write)." if copy else "not measured."),
             "",
-            f"Timing: {timer}, median per call; inputs rotate over several sets while one call's bytes fit in "
-            'twice the L2 cache. "tuned µs" is the recorded config\'s median from the final interleaved '
+            f"Timing: {timer}, median per call; inputs rotate over up to {MAX_ROTATING_SETS} sets while one call's "
+            'bytes fit in twice the L2 cache. "tuned µs" is the recorded config\'s median from the final interleaved '
             're-timing with the default; "kept" says which config the database holds.',
         ]
         Path(options.report).write_text(markdown(rows, header) + "\n", encoding="utf-8")

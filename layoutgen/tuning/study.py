@@ -678,7 +678,7 @@ def make_context(options: TuneOptions, storage: Any, reporter: Reporter) -> Cont
     import torch
 
     from layoutgen.tuning.compile import default_compile_workers
-    from layoutgen.tuning.timing import CudaGraphTimer, WallClockTimer, copy_bandwidth_tbps
+    from layoutgen.tuning.timing import CudaGraphTimer, WallClockTimer, copy_bandwidth_tbps, device_l2_bytes
     from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, current_device
 
     if options.interpret:
@@ -689,7 +689,7 @@ def make_context(options: TuneOptions, storage: Any, reporter: Reporter) -> Cont
         raise RuntimeError("no CUDA device is visible; tune on a GPU, or run the pipeline on CPU with --interpret")
     name, capability = found
     device = torch.device("cuda", torch.cuda.current_device())
-    l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+    l2_bytes = device_l2_bytes(device)
     workers = (
         options.compile_workers if options.compile_workers is not None else default_compile_workers(options.workers)
     )

@@ -34,7 +34,30 @@ MIN_REPEATS = 8
 #: Interleaved replays per side when the winner and the default are re-timed together.
 INTERLEAVED_REPEATS = 100
 
+#: Timing inputs rotate over several sets until together they span this many L2 caches, so a small problem is
+#: not timed from a cache that serving would not have ...
+ROTATE_L2_MULTIPLE = 2
+#: ... but over at most this many sets: in serving, pack reads `out` right after attention wrote it and combine
+#: reads what the exchange just delivered, so a small problem's inputs are still in the L2.  Up to B = 64 at
+#: H = 128, eight sets fit in the H200's L2.  With 64 sets (DRAM-cold) the tuner ranked configs for a cache
+#: state no caller sees: pynccl_a2a combine N 4 B 8, its winner took 2.30 µs timed over 64 sets and 1.59 over
+#: 8, where the best config over 8 sets took 1.31 (probe_space_pynccl_a2a_H200.json).  One rule for the tuner
+#: and `benchmarks/bench_dcp.py`, so the benchmark measures the conditions the tuner ranked under.
+MAX_ROTATING_SETS = 8
+
 Launch = Callable[[int], object]
+
+
+def device_l2_bytes(device: torch.device | int) -> int:
+    """The device's L2 size, which the rotation is sized by (50 MiB where torch does not report it)."""
+    return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20))
+
+
+def rotating_sets(bytes_per_call: int, l2_bytes: int) -> int:
+    """Input sets to rotate over: enough that one pass spans ROTATE_L2_MULTIPLE L2 caches, at most
+    MAX_ROTATING_SETS."""
+    wanted = -(-ROTATE_L2_MULTIPLE * l2_bytes // max(1, bytes_per_call))
+    return max(1, min(MAX_ROTATING_SETS, wanted))
 
 
 @dataclass(frozen=True)
