@@ -29,7 +29,7 @@ from layoutgen.spec import bundled_specs
 from layoutgen.tuning import plan, runner, space, study
 from layoutgen.tuning.storage import open_storage
 from layoutgen.tuning.timing import MAX_ROTATING_SETS, WallClockTimer, rotating_sets, summarize
-from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningKey, device_file_name, read_database
+from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningEntry, TuningKey, device_file_name, read_database, record
 
 
 def tiny_options(tmp_path: Path, **changes: Any) -> plan.TuneOptions:
@@ -536,3 +536,22 @@ def test_timing_inputs_rotate_until_they_span_two_l2_caches_over_at_most_eight_s
     assert rotating_sets(l2 // 4 + 1, l2) == 8
     assert rotating_sets(1024, l2) == 8  # a small problem stays L2-resident, as in serving
     assert rotating_sets(1024, 0) == 1  # the interpreter has no L2 to defeat
+
+
+@requires_interpreter
+def test_a_retune_measures_the_config_the_database_holds_first(tmp_path: Path) -> None:
+    options = tiny_options(tmp_path, buckets=(3,))
+    (target,) = plan.make_targets(options)
+    bound = space.bind(target.problem, 3)
+    default = target.default_config(3)
+    recorded = next(config for config in bound.feasible() if config != default)
+    key = plan.tuning_key(target, 3)
+    entry = TuningEntry(key=key, config=recorded.as_dict(), median_us=1.0, p20_us=1.0, p80_us=1.0, default_us=2.0,
+                        trials=4, spec_hash=target.spec_hash, source_hash="an older kernel",
+                        measured_at="2026-01-01T00:00:00+00:00")  # fmt: skip
+    record(Path(options.db_dir), CPU_INTERPRETER_DEVICE, "none", [entry])
+
+    run_tune(options)  # the entry is stale (another source hash), so this study is tuned
+    (trials,) = all_trials(options).values()
+    seeds = {t.user_attrs.get("seed"): t.params for t in trials[:2]}
+    assert seeds == {"default": bound.to_params(default), "database": bound.to_params(recorded)}

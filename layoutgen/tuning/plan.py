@@ -188,6 +188,27 @@ def decided_in_database(db_dir: str, device_name: str, targets: list[Any], bucke
     return decided
 
 
+def recorded_configs(
+    db_dir: str, device_name: str, targets: list[Any], buckets: list[int]
+) -> dict[str, dict[str, int]]:
+    """Study name -> the config `db_dir` holds for it on this device, current or stale: the decision a
+    re-tune replaces is its first candidate, so a re-tune with a short budget cannot lose a good config
+    that an earlier run found (only re-time it under today's rules)."""
+    from layoutgen.tuning_db import device_file_name, read_database
+
+    path = Path(db_dir) / device_file_name(device_name)
+    if not path.is_file():
+        return {}
+    entries = read_database(path).entries
+    recorded = {}
+    for target in targets:
+        for batch in buckets:
+            entry = entries.get(tuning_key(target, batch).as_str())
+            if entry is not None:
+                recorded[study_name(device_name, target, batch)] = dict(entry.config)
+    return recorded
+
+
 def tuning_key(target: Any, batch: int) -> Any:
     """The tuning-database key of a target's study for one batch bucket."""
     from layoutgen.tuning_db import TuningKey

@@ -18,7 +18,14 @@ from typing import Any
 
 from rich.console import Console
 
-from layoutgen.tuning.plan import TuneOptions, decided_in_database, make_targets, study_name, tuning_key
+from layoutgen.tuning.plan import (
+    TuneOptions,
+    decided_in_database,
+    make_targets,
+    recorded_configs,
+    study_name,
+    tuning_key,
+)
 from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables, summary_lines
 from layoutgen.tuning.storage import describe_storage, open_storage
 from layoutgen.tuning.timing import MAX_ROTATING_SETS
@@ -97,6 +104,7 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 f"{len(decided)} of {len(targets) * len(buckets)} studies already have a current decision in "
                 f"{options.db_dir}: skipped (--retune tunes them again)"
             )
+    recorded = recorded_configs(options.db_dir, device_name, targets, buckets) if options.db_dir is not None else {}
     storage = open_storage(options.storage)
     names = []
     skip = set(options.skip)
@@ -105,7 +113,8 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
             for batch in buckets:
                 if study_name(device_name, target, batch) in skip:
                     continue
-                name, _ = prepare_study(storage, options, device_name, target, batch)
+                name = study_name(device_name, target, batch)
+                prepare_study(storage, options, device_name, target, batch, recorded.get(name))
                 names.append(name)
     if not names:
         console.print("nothing to tune: every study of this run is decided in the database")

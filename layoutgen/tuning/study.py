@@ -4,7 +4,8 @@ A run has three phases.
 
 * `prepare` (one process): create or load every study (deterministic names, `load_if_exists`), record
   its search plan, fail trials left RUNNING by a dead worker (they do not count), and enqueue the seeds:
-  every feasible config of an exhaustive study not yet measured, or the heuristic default of a TPE study.
+  every feasible config of an exhaustive study not yet measured, or for a TPE study the heuristic default
+  and the config the tuning database holds (a re-tune starts from the decision it may replace).
 * `search_family` (each worker process): the studies of one compiled family (spec, kernel, N, H/N, D,
   dtype) advance together, because they share compiled kernels: batch is a run-time argument.  Each
   study keeps a few trials in flight whose configs compile ahead on a process pool while the GPU times
@@ -207,9 +208,18 @@ def fail_trial(study: optuna.Study, number: int, outcome: str, reason: str, conf
 
 
 def prepare_study(
-    storage: Any, options: TuneOptions, device_name: str, target: Target, batch: int
+    storage: Any,
+    options: TuneOptions,
+    device_name: str,
+    target: Target,
+    batch: int,
+    recorded: dict[str, int] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """Create or load the study and make it ready to search; returns (name, meta)."""
+    """Create or load the study and make it ready to search; returns (name, meta).
+
+    `recorded` is the config the tuning database holds for this study (see `plan.recorded_configs`): a TPE
+    study measures it first, with the default, when that config is still a point of today's space.
+    """
     name = study_name(device_name, target, batch)
     plan = search_plan(target.problem, batch, options)
     meta = study_meta(target, batch, plan, device_name)
@@ -227,16 +237,23 @@ def prepare_study(
     if study.user_attrs.get("final") and len(evaluated) < plan.budget:
         study.set_user_attr("final", None)  # more trials were asked for than the final decision saw
     space = bind(target.problem, batch)
+    seeds: list[tuple[KernelConfig, str]]
     if plan.mode == "exhaustive":
-        seeds = space.feasible()
+        seeds = [(config, "exhaustive") for config in space.feasible()]
     else:
-        default = target.default_config(batch)
-        seeds = [default] if space.is_feasible(default) and not evaluated else []
-    for config in seeds:
+        seeds = []
+        if not evaluated:  # a fresh study: a resumed one has had its seeds
+            seeds.append((target.default_config(batch), "default"))
+            if recorded is not None:
+                with contextlib.suppress(TypeError, ValueError):  # a field today's config type no longer has
+                    seeds.append((space.config_type.from_dict(recorded), "database"))
+    for config, source in seeds:
+        if not space.is_feasible(config):
+            continue
         params = space.to_params(config)
         key = params_key(params)
         if key not in evaluated and key not in pending and key not in waiting:
-            study.enqueue_trial(params, user_attrs={"seed": "exhaustive" if plan.mode == "exhaustive" else "default"})
+            study.enqueue_trial(params, user_attrs={"seed": source})
             waiting.add(key)
     return name, meta
 
