@@ -555,3 +555,46 @@ def test_a_retune_measures_the_config_the_database_holds_first(tmp_path: Path) -
     (trials,) = all_trials(options).values()
     seeds = {t.user_attrs.get("seed"): t.params for t in trials[:2]}
     assert seeds == {"default": bound.to_params(default), "database": bound.to_params(recorded)}
+
+
+class LaunchOf:
+    """A timing launch that only remembers its config, for timers that make the times up."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def __call__(self, index: int) -> None:
+        pass
+
+
+@requires_interpreter
+def test_the_fastest_finalist_of_the_re_timing_wins_not_the_fastest_of_the_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = tiny_options(tmp_path, buckets=(3,), trials=6)
+    (target,) = plan.make_targets(options)
+    default = target.default_config(3)
+    feasible = sorted(space.bind(target.problem, 3).feasible(), key=str)
+    searched: dict[Any, float] = {config: 10.0 + index for index, config in enumerate(feasible)}
+    searched[default] = 50.0
+    lucky: list[Any] = []  # the search's fastest config, which the re-timing finds slow
+
+    def time(self: WallClockTimer, launch: LaunchOf, *args: Any, **kwargs: Any) -> Any:
+        return summarize([searched[launch.config]] * 3, 1)
+
+    def time_interleaved(self: WallClockTimer, launches: list[LaunchOf], *args: Any, **kwargs: Any) -> Any:
+        lucky.append(min((launch.config for launch in launches if launch.config != default), key=searched.get))
+        return [summarize([100.0 if launch.config == lucky[-1] else searched[launch.config]] * 3, 1)
+                for launch in launches]  # fmt: skip
+
+    monkeypatch.setattr(study.Workload, "timing_launch", lambda self, config: LaunchOf(config))
+    monkeypatch.setattr(WallClockTimer, "time", time)
+    monkeypatch.setattr(WallClockTimer, "time_interleaved", time_interleaved)
+    run_tune(options)
+
+    (name,) = all_trials(options)
+    final = optuna.load_study(study_name=name, storage=open_storage(options.storage)).user_attrs["final"]
+    finalists = [type(default).from_dict(f["config"]) for f in final["finalists"]]
+    assert len(finalists) == study.FINALISTS and default not in finalists and lucky[-1] in finalists
+    runner_up = min((config for config in finalists if config != lucky[-1]), key=searched.get)
+    assert final["chosen"] == "tuned" and final["config"] == runner_up.as_dict()
