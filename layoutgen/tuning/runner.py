@@ -111,9 +111,9 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     with console.status(f"preparing {len(targets) * len(buckets)} studies in {describe_storage(options.storage)}"):
         for target in targets:
             for batch in buckets:
-                if study_name(device_name, target, batch) in skip:
-                    continue
                 name = study_name(device_name, target, batch)
+                if name in skip:
+                    continue
                 prepare_study(storage, options, device_name, target, batch, recorded.get(name))
                 names.append(name)
     if not names:

@@ -14,8 +14,9 @@ A run has three phases.
   measured in the study is not re-timed: the trial copies the stored value.  Trials are claimed in
   storage, so workers sharing a study (`--workers`, PostgreSQL) do not time the same config twice.
 * `finalize`: the few fastest configs of the search (FINALISTS, and the database's config) and the
-  heuristic default are re-timed together, interleaved; the fastest of them is kept only when it beats the
-  default by more than the noise, else the default stays (and why is recorded).  The decision is stored on the study; `run` turns decisions into tuning-database entries.
+  heuristic default are re-timed together, interleaved; the fastest of them is kept only when it beats
+  the default by more than the noise, else the default stays (and why is recorded).  The decision is
+  stored on the study; `run` turns decisions into tuning-database entries.
 
 Trial outcomes (user attribute `result["outcome"]`): measured, compile_failed, launch_failed,
 gate_failed (these are "evaluated" and count toward the budget), repeat (a copy of an evaluated twin),
