@@ -169,44 +169,32 @@ def _kernel(name: str) -> Kernel:
     return "pack" if name == "pack" else "combine"
 
 
-def decided_in_database(db_dir: str, device_name: str, targets: list[Any], buckets: list[int]) -> set[str]:
-    """Names of the studies whose decision `db_dir` already holds for this device, with the spec's and the
-    kernel's current hashes: a re-run on a machine without the study storage (a fresh GPU host) need not
-    tune them again.  An existing database that does not validate raises DatabaseError before any tuning."""
-    from layoutgen.tuning_db import device_file_name, read_database
-
-    path = Path(db_dir) / device_file_name(device_name)
-    if not path.is_file():
-        return set()
-    entries = read_database(path).entries
-    decided = set()
-    for target in targets:
-        for batch in buckets:
-            entry = entries.get(tuning_key(target, batch).as_str())
-            if entry is not None and entry.spec_hash == target.spec_hash and entry.source_hash == target.source_hash:
-                decided.add(study_name(device_name, target, batch))
-    return decided
-
-
-def recorded_configs(
+def database_entries(
     db_dir: str, device_name: str, targets: list[Any], buckets: list[int]
-) -> dict[str, dict[str, int]]:
-    """Study name -> the config `db_dir` holds for it on this device, current or stale: the decision a
-    re-tune replaces is its first candidate, so a re-tune with a short budget cannot lose a good config
-    that an earlier run found (only re-time it under today's rules)."""
+) -> dict[str, tuple[Any, Any]]:
+    """Study name -> (target, the entry `db_dir` holds for that study on this device), current or stale.
+    A current one (`decided`) need not be tuned again, also on a machine without the study storage (a
+    fresh GPU host); any one is a re-tune's first candidate, so a short budget cannot lose a config an
+    earlier run found.  An existing database that does not validate raises DatabaseError before any
+    tuning."""
     from layoutgen.tuning_db import device_file_name, read_database
 
     path = Path(db_dir) / device_file_name(device_name)
     if not path.is_file():
         return {}
     entries = read_database(path).entries
-    recorded = {}
+    held = {}
     for target in targets:
         for batch in buckets:
             entry = entries.get(tuning_key(target, batch).as_str())
             if entry is not None:
-                recorded[study_name(device_name, target, batch)] = dict(entry.config)
-    return recorded
+                held[study_name(device_name, target, batch)] = (target, entry)
+    return held
+
+
+def decided(entry: Any, target: Any) -> bool:
+    """Whether a database entry was tuned for the target's current spec and kernel source."""
+    return bool(entry.spec_hash == target.spec_hash and entry.source_hash == target.source_hash)
 
 
 def tuning_key(target: Any, batch: int) -> Any:

@@ -18,14 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from layoutgen.tuning.plan import (
-    TuneOptions,
-    decided_in_database,
-    make_targets,
-    recorded_configs,
-    study_name,
-    tuning_key,
-)
+from layoutgen.tuning.plan import TuneOptions, database_entries, decided, make_targets, study_name, tuning_key
 from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables, summary_lines
 from layoutgen.tuning.storage import describe_storage, open_storage
 from layoutgen.tuning.timing import MAX_ROTATING_SETS
@@ -96,15 +89,15 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     device_name, capability = device_identity(options)
     targets = make_targets(options)
     buckets = sorted(set(options.buckets))
-    if options.db_dir is not None and not options.retune:
-        decided = decided_in_database(options.db_dir, device_name, targets, buckets)
-        if decided:
-            options = dataclasses.replace(options, skip=tuple(sorted(decided)))
+    held = database_entries(options.db_dir, device_name, targets, buckets) if options.db_dir is not None else {}
+    if not options.retune:
+        current = sorted(name for name, (target, entry) in held.items() if decided(entry, target))
+        if current:
+            options = dataclasses.replace(options, skip=tuple(current))
             console.print(
-                f"{len(decided)} of {len(targets) * len(buckets)} studies already have a current decision in "
+                f"{len(current)} of {len(targets) * len(buckets)} studies already have a current decision in "
                 f"{options.db_dir}: skipped (--retune tunes them again)"
             )
-    recorded = recorded_configs(options.db_dir, device_name, targets, buckets) if options.db_dir is not None else {}
     storage = open_storage(options.storage)
     names = []
     skip = set(options.skip)
@@ -114,7 +107,8 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 name = study_name(device_name, target, batch)
                 if name in skip:
                     continue
-                prepare_study(storage, options, device_name, target, batch, recorded.get(name))
+                recorded = held[name][1].config if name in held else None
+                prepare_study(storage, options, device_name, target, batch, recorded)
                 names.append(name)
     if not names:
         console.print("nothing to tune: every study of this run is decided in the database")

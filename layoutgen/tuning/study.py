@@ -224,7 +224,7 @@ def prepare_study(
 ) -> tuple[str, dict[str, Any]]:
     """Create or load the study and make it ready to search; returns (name, meta).
 
-    `recorded` is the config the tuning database holds for this study (see `plan.recorded_configs`): a TPE
+    `recorded` is the config the tuning database holds for this study (see `plan.database_entries`): a TPE
     study measures it first, with the default, when that config is still a point of today's space.
     """
     name = study_name(device_name, target, batch)
