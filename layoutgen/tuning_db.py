@@ -104,6 +104,10 @@ class TuningEntry(BaseModel):
     spec_hash: str = Field(min_length=1)
     source_hash: str = Field(min_length=1)
     measured_at: str
+    #: Input sets the timing rotated over (`layoutgen.tuning.timing.rotating_sets`): the cache state the
+    #: config was ranked in.  A tuner whose rule gives another count for this key tunes it again; None is
+    #: an entry from before layoutgen recorded it.
+    rotating_sets: StrictInt | None = Field(default=None, ge=1)
 
     @field_validator("measured_at")
     @classmethod

@@ -348,6 +348,24 @@ def test_a_rerun_without_the_study_storage_skips_what_the_database_holds(
     assert [row.batch for row in summary.rows] == [3] and timer.calls > 0
     assert read_database(db_file).entries[stale].source_hash != "0" * 64
 
+    # An entry timed over another number of rotating input sets (another cache state) is stale too, and so is
+    # one that does not record it (a database written before layoutgen recorded it).
+    data = json.loads(db_file.read_text(encoding="utf-8"))
+    assert {entry["rotating_sets"] for entry in data["entries"].values()} == {1}  # the interpreter's rule
+    other = next(key for key, entry in data["entries"].items() if entry["key"]["batch_bucket"] == 1)
+    data["entries"][other]["rotating_sets"] = 5
+    db_file.write_text(json.dumps(data), encoding="utf-8")
+    output = io.StringIO()
+    summary = runner.run(dataclasses.replace(options, storage=str(tmp_path / "sets.journal")), Console(file=output))
+    assert [row.batch for row in summary.rows] == [1]
+    assert "1 database entries were timed over another number of rotating input sets" in output.getvalue()
+    assert read_database(db_file).entries[other].rotating_sets == 1
+    data = json.loads(db_file.read_text(encoding="utf-8"))
+    del data["entries"][other]["rotating_sets"]
+    db_file.write_text(json.dumps(data), encoding="utf-8")
+    summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "unrecorded.journal")))
+    assert [row.batch for row in summary.rows] == [1]
+
     # --retune tunes every study again.
     timer.calls = 0
     summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "third.journal"), retune=True))

@@ -171,9 +171,9 @@ def _kernel(name: str) -> Kernel:
 
 def database_entries(
     db_dir: str, device_name: str, targets: list[Any], buckets: list[int]
-) -> dict[str, tuple[Any, Any]]:
-    """Study name -> (target, the entry `db_dir` holds for that study on this device), current or stale.
-    A current one (`decided`) need not be tuned again, also on a machine without the study storage (a
+) -> dict[str, tuple[Any, int, Any]]:
+    """Study name -> (target, batch bucket, the entry `db_dir` holds for that study on this device), current
+    or stale.  A current one (`decided`) need not be tuned again, also on a machine without the study storage (a
     fresh GPU host); any one is a re-tune's first candidate, so a short budget cannot lose a config an
     earlier run found.  An existing database that does not validate raises DatabaseError before any
     tuning."""
@@ -188,13 +188,21 @@ def database_entries(
         for batch in buckets:
             entry = entries.get(tuning_key(target, batch).as_str())
             if entry is not None:
-                held[study_name(device_name, target, batch)] = (target, entry)
+                held[study_name(device_name, target, batch)] = (target, batch, entry)
     return held
 
 
-def decided(entry: Any, target: Any) -> bool:
-    """Whether a database entry was tuned for the target's current spec and kernel source."""
-    return bool(entry.spec_hash == target.spec_hash and entry.source_hash == target.source_hash)
+def decided(entry: Any, target: Any, batch: int, l2_bytes: int) -> bool:
+    """Whether a database entry was tuned for the target's current spec and kernel source, under the
+    timing conditions this tuner would measure it in (as many rotating input sets: the same cache state)."""
+    from layoutgen.tuning.objective import bytes_moved
+    from layoutgen.tuning.timing import rotating_sets
+
+    return bool(
+        entry.spec_hash == target.spec_hash
+        and entry.source_hash == target.source_hash
+        and entry.rotating_sets == rotating_sets(bytes_moved(target.problem, batch), l2_bytes)
+    )
 
 
 def tuning_key(target: Any, batch: int) -> Any:

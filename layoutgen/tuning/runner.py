@@ -75,6 +75,17 @@ def _study_state(storage: Any, name: str) -> tuple[dict[str, Any], dict[str, Any
     return attrs["layoutgen"], attrs.get("final"), evaluated, best
 
 
+def device_l2(options: TuneOptions) -> int:
+    """The L2 size the workers' timing rotation is sized by (0 under the interpreter: one input set)."""
+    if options.interpret:
+        return 0
+    import torch
+
+    from layoutgen.tuning.timing import device_l2_bytes
+
+    return device_l2_bytes(torch.cuda.current_device())
+
+
 def run(options: TuneOptions, console: Console) -> RunSummary:
     """Tune everything `options` covers; writes the database (after every family, and at the end also what
     an interrupted family decided) and returns what the tables show."""
@@ -91,12 +102,26 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     buckets = sorted(set(options.buckets))
     held = database_entries(options.db_dir, device_name, targets, buckets) if options.db_dir is not None else {}
     if not options.retune:
-        current = sorted(name for name, (target, entry) in held.items() if decided(entry, target))
+        l2_bytes = device_l2(options)
+        current = sorted(
+            name for name, (target, batch, entry) in held.items() if decided(entry, target, batch, l2_bytes)
+        )
         if current:
             options = dataclasses.replace(options, skip=tuple(current))
             console.print(
                 f"{len(current)} of {len(targets) * len(buckets)} studies already have a current decision in "
                 f"{options.db_dir}: skipped (--retune tunes them again)"
+            )
+        retimed = sum(
+            1
+            for target, batch, entry in held.values()
+            if (entry.spec_hash, entry.source_hash) == (target.spec_hash, target.source_hash)
+            and not decided(entry, target, batch, l2_bytes)
+        )
+        if retimed:
+            console.print(
+                f"{retimed} database entries were timed over another number of rotating input sets than this "
+                "tuner uses (another cache state, or not recorded): tuned again"
             )
     storage = open_storage(options.storage)
     names = []
@@ -107,7 +132,7 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 name = study_name(device_name, target, batch)
                 if name in skip:
                     continue
-                recorded = held[name][1].config if name in held else None
+                recorded = held[name][2].config if name in held else None
                 prepare_study(storage, options, device_name, target, batch, recorded)
                 names.append(name)
     if not names:
@@ -195,6 +220,7 @@ def collect(
                     spec_hash=target.spec_hash,
                     source_hash=target.source_hash,
                     measured_at=final["measured_at"],
+                    rotating_sets=final["sets"],
                 )
             )
     return rows, entries
