@@ -33,7 +33,9 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -351,6 +353,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"CUDA-graph replay medians; bf16; inputs rotated over up to {MAX_ROTATING_SETS} sets until they span 2x the L2 "
         "(at B ≤ 64, H = 128 they fit in the L2). "
         "`ours` is the tuned config where the database has one, else the default. Speed-up = sglang µs / ours µs.",
+        clock_line(rows),
         "",
         "## Summary",
         "",
@@ -387,6 +390,19 @@ def markdown(result: dict[str, Any]) -> str:
                 + (f"{warm:.2f} / {warm_sg:.2f} |" if warm and warm_sg else "– |")
             )
     return "\n".join(lines) + "\n"
+
+
+def clock_line(rows: list[dict[str, Any]]) -> str:
+    """The SM clock the GPU chose while the points were timed (read by nvidia-smi, never set)."""
+    sm = [r["clocks"]["sm_mhz"] for r in rows if "sm_mhz" in r.get("clocks", {})]
+    if not sm:
+        problems = {r["clocks"].get("problem") for r in rows if "clocks" in r} - {None}
+        return f"SM clock not recorded ({', '.join(sorted(problems)) or 'no samples'})."
+    power = [r["clocks"]["power_w"] for r in rows if "power_w" in r.get("clocks", {})]
+    return (
+        f"SM clock while the points were timed (nvidia-smi, median per point): {min(sm):.0f}-{max(sm):.0f} MHz, "
+        f"median {statistics.median(sm):.0f}; power {min(power):.0f}-{max(power):.0f} W."
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -451,6 +467,7 @@ def main() -> int:
         print("bench_dcp.py needs a CUDA GPU", file=sys.stderr)
         return 2
     from baselines import load_sglang_dcp_kernels
+    from clocks import ClockSampler
 
     try:
         sglang = load_sglang_dcp_kernels()
@@ -464,10 +481,13 @@ def main() -> int:
     result: dict[str, Any] = {"environment": environment(), "ceilings": ceilings(timer), "tuning_db": db_path}
     print(json.dumps(result), flush=True)
     rows: list[dict[str, Any]] = []
+    clocks = ClockSampler().__enter__()
     for spec in args.specs:
         module = layoutgen.load(spec)
         for N, B, H, D in grid_points(args.quick):
+            start = time.time()
             row = measure_point(module, sglang, timer, entries, N, B, H, D, args.warm)
+            row["clocks"] = clocks.window(start, time.time())
             rows.append(row)
             print(
                 f"{spec:20s} N={N} B={B:5d} H={H:3d} D={D}: pack {row.get('pack_tuned_us', row['pack_default_us']):8.2f} "
@@ -477,6 +497,7 @@ def main() -> int:
             )
             torch.cuda.empty_cache()
         write_results(result, rows, args.out)  # after every spec: a run cut short still leaves its figures
+    clocks.__exit__()
     print(json.dumps(result["summary"], indent=1))
     return 0
 
