@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -72,6 +73,53 @@ def grid_points(quick: bool) -> list[tuple[int, int, int, int]]:
 @triton.jit
 def _empty_kernel(pointer):
     pass
+
+
+@triton.jit
+def _move_kernel(source_ptr, destination_ptr, count, source_stride, SOURCES: tl.constexpr, BLOCK: tl.constexpr):
+    # destination = xor of SOURCES slices of source: the bytes a combine reads and writes without its
+    # arithmetic (SOURCES = 1: a copy, the bytes a pack moves).  Every load is issued before the store.
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < count
+    value = tl.load(source_ptr + offsets, mask=mask)
+    for index in tl.static_range(1, SOURCES):
+        value ^= tl.load(source_ptr + index * source_stride + offsets, mask=mask)
+    tl.store(destination_ptr + offsets, value, mask=mask)
+
+
+#: (int32 elements per program, warps) for the data-movement floor: 16 or 32 bytes per thread, and from
+#: 1 KiB per program, so a B = 1 problem still spreads over the SMs.
+FLOOR_CONFIGS = ((256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 8), (8192, 16))
+
+
+def movement_floor_us(timer: CudaGraphTimer, sources: int, read_bytes_each: int) -> float:
+    """The fastest of FLOOR_CONFIGS at moving `sources` x `read_bytes_each` bytes in and `read_bytes_each`
+    out (the layout-free part of a pack, sources = 1, or a combine, sources = N), inputs rotated by the
+    benchmark's rule: what any kernel moving these bytes pays, launch and memory latency included."""
+    count = read_bytes_each // 4
+    sets = rotating_sets((sources + 1) * read_bytes_each, device_l2_bytes(0))
+    inputs = [
+        torch.randint(-(2**31), 2**31 - 1, (sources, count), dtype=torch.int32, device="cuda") for _ in range(sets)
+    ]
+    outputs = [torch.empty(count, dtype=torch.int32, device="cuda") for _ in range(sets)]
+    want = inputs[0][0].clone()
+    for index in range(1, sources):
+        want ^= inputs[0][index]
+    best = math.inf
+    for block, warps in FLOOR_CONFIGS:
+
+        def run(i: int, block: int = block, warps: int = warps) -> None:
+            _move_kernel[(triton.cdiv(count, block),)](
+                inputs[i], outputs[i], count, count, SOURCES=sources, BLOCK=block, num_warps=warps
+            )
+
+        run(0)
+        if not torch.equal(outputs[0], want):
+            raise AssertionError(f"the data-movement floor kernel is wrong ({block} x {warps})")
+        best = min(
+            best, timer.time(run, sets, estimated_us=max(1.0, (sources + 1) * read_bytes_each / 3.5e6)).median_us
+        )
+    return best
 
 
 def ceilings(timer: CudaGraphTimer) -> dict[str, float]:
@@ -253,6 +301,8 @@ def measure_point(
             sglang.dcp_lse_combine_triton(recv_output, recv_lse)
 
         time_it("combine_copy_path", run_copy_combine, estimate_combine, combine_bytes)
+    row["pack_floor_us"] = movement_floor_us(timer, 1, B * H * D * elem + B * H * 4)
+    row["combine_floor_us"] = movement_floor_us(timer, N, B * Hl * D * elem)
     if warm and B <= 64:
         # L2-resident: one input set, as when attention has just written `out`.
         config = PackConfig.from_dict(variants["tuned"] or variants["default"])
@@ -329,6 +379,7 @@ def summarize(rows: list[dict[str, Any]], ceiling: float) -> dict[str, Any]:
                 if r["B"] >= 1024
             ]
             small = [r.get(f"{kernel}_tuned_us", r[f"{kernel}_default_us"]) for r in main if r["B"] <= 8]
+            floored = [r for r in main if f"{kernel}_floor_us" in r and f"{kernel}_sglang_us" in r]
             summary[f"{spec}/{kernel}"] = {
                 "ours": ours_key,
                 "geomean_speedup_vs_sglang_main_grid": geomean(ratios_main),
@@ -336,6 +387,14 @@ def summarize(rows: list[dict[str, Any]], ceiling: float) -> dict[str, Any]:
                 "min_speedup_vs_sglang": min(ratios) if ratios else None,
                 "min_fraction_of_copy_ceiling_B_ge_1024": min(big) if big else None,
                 "max_us_B_le_8": max(small) if small else None,
+                # How close to the data-movement floor (1.0: there), and the speed-up over sglang a kernel
+                # at the floor would have: the most any kernel moving these bytes could show.
+                "geomean_floor_over_ours_main_grid": geomean(
+                    [r[f"{kernel}_floor_us"] / r.get(f"{kernel}_tuned_us", r[f"{kernel}_default_us"]) for r in floored]
+                ),
+                "geomean_sglang_over_floor_main_grid": geomean(
+                    [r[f"{kernel}_sglang_us"] / r[f"{kernel}_floor_us"] for r in floored]
+                ),
             }
     return summary
 
@@ -357,23 +416,31 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "## Summary",
         "",
-        "| spec / kernel | geomean vs sglang (H=128, D=512) | geomean (all rows) | worst point | min % of copy ceiling, B ≥ 1024 | max µs, B ≤ 8 |",
-        "|---|---|---|---|---|---|",
+        "| spec / kernel | geomean vs sglang (H=128, D=512) | geomean (all rows) | worst point | min % of copy ceiling, B ≥ 1024 | max µs, B ≤ 8 | floor / ours (H=128) | sglang / floor (H=128) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, s in result["summary"].items():
         frac = s["min_fraction_of_copy_ceiling_B_ge_1024"]
         lines.append(
             f"| {name} | {s['geomean_speedup_vs_sglang_main_grid']:.2f}x | {s['geomean_speedup_vs_sglang_all']:.2f}x | "
             f"{(s['min_speedup_vs_sglang'] or float('nan')):.2f}x | {(frac or float('nan')) * 100:.0f}% | "
-            f"{(s['max_us_B_le_8'] or float('nan')):.2f} |"
+            f"{(s['max_us_B_le_8'] or float('nan')):.2f} | {s.get('geomean_floor_over_ours_main_grid', float('nan')):.2f} | "
+            f"{s.get('geomean_sglang_over_floor_main_grid', float('nan')):.2f}x |"
         )
+    lines += [
+        "",
+        "Floor: a kernel that moves the same bytes and does nothing else (pack: a copy of `out` and `lse`; "
+        "combine: N partials read, one written, xor-ed), the fastest of "
+        f"{len(FLOOR_CONFIGS)} tile sizes, same rotation. floor / ours = 1.00 means at the floor; sglang / floor "
+        "is the speed-up over sglang a kernel at the floor would show.",
+    ]
     for kernel in ("pack", "combine"):
         lines += [
             "",
             f"## {kernel}",
             "",
-            "| spec | N | B | H | D | ours µs | TB/s | % ceiling | default µs | sglang µs | speed-up | copy path µs | warm ours / sglang µs |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| spec | N | B | H | D | ours µs | floor µs | TB/s | % ceiling | default µs | sglang µs | speed-up | copy path µs | warm ours / sglang µs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             ours = r.get(f"{kernel}_tuned_us", r.get(f"{kernel}_default_us"))
@@ -383,7 +450,8 @@ def markdown(result: dict[str, Any]) -> str:
             warm = r.get(f"{kernel}_warm_us")
             warm_sg = r.get(f"{kernel}_sglang_warm_us")
             lines.append(
-                f"| {r['spec']} | {r['N']} | {r['B']} | {r['H']} | {r['D']} | {ours:.2f} | {tbps:.2f} | "
+                f"| {r['spec']} | {r['N']} | {r['B']} | {r['H']} | {r['D']} | {ours:.2f} | "
+                f"{r.get(f'{kernel}_floor_us', float('nan')):.2f} | {tbps:.2f} | "
                 f"{100 * tbps / ceil['copy_tbps']:.0f}% | {r.get(f'{kernel}_default_us', float('nan')):.2f} | "
                 + (f"{sg:.2f} | {sg / ours:.2f}x | " if sg else "– | – | ")
                 + (f"{copy:.2f} | " if copy else "– | ")

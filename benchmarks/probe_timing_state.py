@@ -13,7 +13,8 @@ measurement (`clocks.py`):
 * `again`: immediately after the previous measurement (a steady state).
 
 Each launch is our tuned config (from the tuning database), the default, and sglang's kernel at the same
-point.  Rounds repeat the four preparations in turn.
+point.  Rounds repeat the four preparations in turn.  First of all, `freshness` times one config several
+times in a row in the fresh process, then on fresh buffers and after an idle pause.
 
 Usage (GPU): python benchmarks/probe_timing_state.py --out benchmarks/results/probe_timing_state_H200.json
 """
@@ -91,6 +92,33 @@ def launches_for(module: Any, sglang: Any, entries: dict[str, Any], kernel: str,
     return launches
 
 
+def freshness(timer: CudaGraphTimer, sglang: Any, entries: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run first in the process: which step, if any, brings back a fast first timing?  Times the tuned
+    pynccl_a2a combine (N 4, B 8) five times in a row, after other kernels, on freshly allocated and
+    written buffers (the first set kept alive, so the addresses are new), and after two idle seconds."""
+    module = layoutgen.load("pynccl_a2a")
+    steps: list[dict[str, Any]] = []
+
+    def measure(step: str, launches: dict[str, Any], times: int, label: str = "tuned") -> None:
+        for _ in range(times):
+            timing = timer.time(launches[label], launches["_sets"], estimated_us=1.0)
+            steps.append({"step": step, "label": label, "median_us": timing.median_us})
+            print(json.dumps(steps[-1]), flush=True)
+
+    first = launches_for(module, sglang, entries, "combine", 4, 8)
+    measure("first timings of the process", first, 5)
+    measure("the default", first, 1, "default")
+    measure("sglang", first, 1, "sglang")
+    measure("after other kernels", first, 2)
+    fresh = launches_for(module, sglang, entries, "combine", 4, 8)
+    measure("fresh buffers", fresh, 3)
+    measure("the first buffers again", first, 2)
+    torch.cuda.synchronize()
+    time.sleep(IDLE_S)
+    measure("after two idle seconds", first, 2)
+    return steps
+
+
 def keep_busy(graph: torch.cuda.CUDAGraph, seconds: float) -> None:
     end = time.time() + seconds
     while time.time() < end:
@@ -113,6 +141,7 @@ def main() -> int:
     entries, db_path = tuned_configs(args.db)
     timer = CudaGraphTimer(repeats=REPEATS, min_repeats=REPEATS)
     torch.manual_seed(0)
+    fresh_steps = freshness(timer, sglang, entries)
     points = []
     for spec, kernel, N, B in POINTS:
         launches = launches_for(layoutgen.load(spec), sglang, entries, kernel, N, B)
@@ -171,6 +200,7 @@ def main() -> int:
         "torch": torch.__version__,
         "tuning_db": db_path,
         "clock_problem": clock_problem,
+        "freshness": fresh_steps,
         "summary": summary,
         "records": records,
     }
