@@ -141,7 +141,9 @@ def tuned_configs(db_dir: Path | None) -> tuple[dict[str, Any], str]:
     for directory in [db_dir] if db_dir else []:
         path = directory / device_file_name(name)
         if path.is_file():
-            return read_database(path).entries, str(path)
+            root = Path(__file__).resolve().parent.parent
+            shown = path.resolve().relative_to(root) if path.resolve().is_relative_to(root) else path
+            return read_database(path).entries, str(shown)
     return {}, "none"
 
 
