@@ -44,6 +44,7 @@ POINTS = (("pynccl_a2a", "combine", 4, 8), ("pynccl_a2a", "pack", 2, 1), ("vllm_
 PREPARATIONS = ("idle", "copies", "small", "again")
 PREPARE_S = 1.0
 IDLE_S = 2.0
+LONG_IDLE_S = 10.0
 #: Samples per measurement: ~100 replays of ~200 µs, long enough for several 20 ms clock samples.
 REPEATS = 100
 
@@ -95,7 +96,7 @@ def launches_for(module: Any, sglang: Any, entries: dict[str, Any], kernel: str,
 def freshness(timer: CudaGraphTimer, sglang: Any, entries: dict[str, Any]) -> list[dict[str, Any]]:
     """Run first in the process: which step, if any, brings back a fast first timing?  Times the tuned
     pynccl_a2a combine (N 4, B 8) five times in a row, after other kernels, on freshly allocated and
-    written buffers (the first set kept alive, so the addresses are new), and after two idle seconds."""
+    written buffers (the first set kept alive, so the addresses are new), and after two and ten idle seconds."""
     module = layoutgen.load("pynccl_a2a")
     steps: list[dict[str, Any]] = []
 
@@ -116,6 +117,9 @@ def freshness(timer: CudaGraphTimer, sglang: Any, entries: dict[str, Any]) -> li
     torch.cuda.synchronize()
     time.sleep(IDLE_S)
     measure("after two idle seconds", first, 2)
+    torch.cuda.synchronize()
+    time.sleep(LONG_IDLE_S)
+    measure("after ten idle seconds", first, 3)
     return steps
 
 
