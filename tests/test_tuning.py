@@ -616,3 +616,42 @@ def test_the_fastest_finalist_of_the_re_timing_wins_not_the_fastest_of_the_searc
     assert len(finalists) == study.FINALISTS and default not in finalists and lucky[-1] in finalists
     runner_up = min((config for config in finalists if config != lucky[-1]), key=searched.get)
     assert final["chosen"] == "tuned" and final["config"] == runner_up.as_dict()
+
+
+@requires_interpreter
+@pytest.mark.parametrize(("rival_us", "kept"), [(19.9, True), (15.0, False)])
+def test_a_retune_replaces_the_database_config_only_past_the_noise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rival_us: float, kept: bool
+) -> None:
+    options = tiny_options(tmp_path, buckets=(3,), trials=6)
+    (target,) = plan.make_targets(options)
+    default = target.default_config(3)
+    feasible = sorted(space.bind(target.problem, 3).feasible(), key=str)
+    recorded = next(config for config in feasible if config != default)
+    entry = TuningEntry(key=plan.tuning_key(target, 3), config=recorded.as_dict(), median_us=1.0, p20_us=1.0,
+                        p80_us=1.0, default_us=2.0, trials=4, spec_hash=target.spec_hash,
+                        source_hash="an older kernel", measured_at="2026-01-01T00:00:00+00:00")  # fmt: skip
+    record(Path(options.db_dir), CPU_INTERPRETER_DEVICE, "none", [entry])
+    searched: dict[Any, float] = {config: 10.0 + index for index, config in enumerate(feasible)}
+    searched[default] = 50.0
+
+    def time(self: WallClockTimer, launch: LaunchOf, *args: Any, **kwargs: Any) -> Any:
+        return summarize([searched[launch.config]] * 3, 1)
+
+    def time_interleaved(self: WallClockTimer, launches: list[LaunchOf], *args: Any, **kwargs: Any) -> Any:
+        retimed = {default: 50.0, recorded: 20.0}
+        return [summarize([retimed.get(launch.config, rival_us)] * 3, 1) for launch in launches]
+
+    monkeypatch.setattr(study.Workload, "timing_launch", lambda self, config: LaunchOf(config))
+    monkeypatch.setattr(WallClockTimer, "time", time)
+    monkeypatch.setattr(WallClockTimer, "time_interleaved", time_interleaved)
+    run_tune(options)
+
+    (name,) = all_trials(options)
+    final = optuna.load_study(study_name=name, storage=open_storage(options.storage)).user_attrs["final"]
+    assert recorded.as_dict() in [f["config"] for f in final["finalists"]] and len(final["finalists"]) > 1
+    assert final["chosen"] == "tuned"
+    assert (final["config"] == recorded.as_dict()) is kept
+    assert ("database_config_kept" in final) is kept
+    database = read_database(Path(options.db_dir) / device_file_name(CPU_INTERPRETER_DEVICE))
+    assert (database.entries[plan.tuning_key(target, 3).as_str()].config == recorded.as_dict()) is kept
