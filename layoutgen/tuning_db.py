@@ -108,6 +108,8 @@ class TuningEntry(BaseModel):
     #: config was ranked in.  A tuner whose rule gives another count for this key tunes it again; None is
     #: an entry from before layoutgen recorded it.
     rotating_sets: StrictInt | None = Field(default=None, ge=1)
+    #: The kernel's timing rule when it was ranked (`layoutgen.tuning.timing.TIMING_RULES`); None as above.
+    timing_rule: StrictInt | None = Field(default=None, ge=1)
 
     @field_validator("measured_at")
     @classmethod

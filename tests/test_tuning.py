@@ -28,7 +28,7 @@ from layoutgen.config import CombineConfig, PackConfig
 from layoutgen.spec import bundled_specs
 from layoutgen.tuning import plan, runner, space, study
 from layoutgen.tuning.storage import open_storage
-from layoutgen.tuning.timing import MAX_ROTATING_SETS, WallClockTimer, rotating_sets, summarize
+from layoutgen.tuning.timing import MAX_ROTATING_SETS, TIMING_RULES, WallClockTimer, rotating_sets, summarize
 from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningEntry, TuningKey, device_file_name, read_database, record
 
 
@@ -356,15 +356,25 @@ def test_a_rerun_without_the_study_storage_skips_what_the_database_holds(
     data["entries"][other]["rotating_sets"] = 5
     db_file.write_text(json.dumps(data), encoding="utf-8")
     output = io.StringIO()
-    summary = runner.run(dataclasses.replace(options, storage=str(tmp_path / "sets.journal")), Console(file=output))
+    summary = runner.run(
+        dataclasses.replace(options, storage=str(tmp_path / "sets.journal")), Console(file=output, width=200)
+    )
     assert [row.batch for row in summary.rows] == [1]
-    assert "1 database entries were timed over another number of rotating input sets" in output.getvalue()
+    assert "1 database entries were timed under other conditions than this tuner's" in output.getvalue()
     assert read_database(db_file).entries[other].rotating_sets == 1
     data = json.loads(db_file.read_text(encoding="utf-8"))
     del data["entries"][other]["rotating_sets"]
     db_file.write_text(json.dumps(data), encoding="utf-8")
     summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "unrecorded.journal")))
     assert [row.batch for row in summary.rows] == [1]
+
+    # So is one ranked under another timing rule (what the timing launches write).
+    data = json.loads(db_file.read_text(encoding="utf-8"))
+    assert {entry["timing_rule"] for entry in data["entries"].values()} == {TIMING_RULES["pack"]}
+    data["entries"][stale]["timing_rule"] = TIMING_RULES["pack"] + 1
+    db_file.write_text(json.dumps(data), encoding="utf-8")
+    summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "rule.journal")))
+    assert [row.batch for row in summary.rows] == [3]
 
     # --retune tunes every study again.
     timer.calls = 0
@@ -655,3 +665,24 @@ def test_a_retune_replaces_the_database_config_only_past_the_noise(
     assert ("database_config_kept" in final) is kept
     database = read_database(Path(options.db_dir) / device_file_name(CPU_INTERPRETER_DEVICE))
     assert (database.entries[plan.tuning_key(target, 3).as_str()].config == recorded.as_dict()) is kept
+
+
+@requires_interpreter
+def test_combine_timing_writes_one_output_for_every_rotating_set(tmp_path: Path) -> None:
+    # As the benchmark and serving (a static output under CUDA graphs) do: with an output per set, every call's
+    # writes went to DRAM and configs the benchmark tells apart tied in the tuner (TIMING_RULES).
+    options = tiny_options(tmp_path, kernels=("pack", "combine"), buckets=(3,))
+    pack_target, combine_target = plan.make_targets(options)
+    launched: dict[str, list[Any]] = {"pack": [], "combine": []}
+    for target in (pack_target, combine_target):
+        workload = study.Workload(target, 3, torch.device("cpu"), l2_bytes=1 << 20)
+        assert workload.sets == MAX_ROTATING_SETS
+        config = target.default_config(3)
+        launch = workload.timing_launch(config)
+        for index in range(workload.sets):
+            launch(index)
+        launched[target.problem.kernel] = workload._timing_sets or []
+    outputs = {id(timing_set["result"]) for timing_set in launched["combine"]}
+    assert len(launched["combine"]) == MAX_ROTATING_SETS and len(outputs) == 1
+    sends = {id(timing_set["bufs"]) for timing_set in launched["pack"]}
+    assert len(sends) == MAX_ROTATING_SETS  # pack writes each set's own send buffers

@@ -19,7 +19,7 @@ from layoutgen.tuning.space import DTYPE_SIZES, KERNELS, Kernel, Problem, bind
 
 #: Bump when the declared spaces or the trial protocol change: study names change with it, so trials
 #: measured under the old rules are not mixed into new studies.
-SPACE_VERSION = 3
+SPACE_VERSION = 4
 
 DEFAULT_HEADS_AND_DIMS: tuple[tuple[int, int], ...] = ((16, 512), (128, 512), (32, 128))
 DEFAULT_PEERS: tuple[int, ...] = (2, 4, 8)
@@ -194,14 +194,16 @@ def database_entries(
 
 def decided(entry: Any, target: Any, batch: int, l2_bytes: int) -> bool:
     """Whether a database entry was tuned for the target's current spec and kernel source, under the
-    timing conditions this tuner would measure it in (as many rotating input sets: the same cache state)."""
+    timing conditions this tuner would measure it in (as many rotating input sets, the same cache state,
+    and the kernel's current timing rule)."""
     from layoutgen.tuning.objective import bytes_moved
-    from layoutgen.tuning.timing import rotating_sets
+    from layoutgen.tuning.timing import TIMING_RULES, rotating_sets
 
     return bool(
         entry.spec_hash == target.spec_hash
         and entry.source_hash == target.source_hash
         and entry.rotating_sets == rotating_sets(bytes_moved(target.problem, batch), l2_bytes)
+        and entry.timing_rule == TIMING_RULES[target.problem.kernel]
     )
 
 

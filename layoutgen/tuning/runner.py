@@ -120,8 +120,8 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
         )
         if retimed:
             console.print(
-                f"{retimed} database entries were timed over another number of rotating input sets than this "
-                "tuner uses (another cache state, or not recorded): tuned again"
+                f"{retimed} database entries were timed under other conditions than this tuner's (another "
+                "number of rotating input sets or another timing rule, or not recorded): tuned again"
             )
     storage = open_storage(options.storage)
     names = []
@@ -221,6 +221,7 @@ def collect(
                     source_hash=target.source_hash,
                     measured_at=final["measured_at"],
                     rotating_sets=final["sets"],
+                    timing_rule=final["timing_rule"],
                 )
             )
     return rows, entries

@@ -44,7 +44,7 @@ from layoutgen.tuning.compile import CompileError, CompilePool
 from layoutgen.tuning.objective import Measurement, Target, Workload, evaluate
 from layoutgen.tuning.plan import SearchPlan, TuneOptions, sampler_seed, search_plan, study_name
 from layoutgen.tuning.space import BoundSpace, bind
-from layoutgen.tuning.timing import Timing
+from layoutgen.tuning.timing import TIMING_RULES, Timing
 
 EVALUATED = ("measured", "compile_failed", "launch_failed", "gate_failed")
 #: A RUNNING trial of another host whose claim is this old belongs to a dead worker.
@@ -533,6 +533,7 @@ class BucketSearch:
             "default_config": default.as_dict(),
             "bytes_moved": workload.bytes_moved,
             "sets": workload.sets,
+            "timing_rule": TIMING_RULES[self.target.problem.kernel],
             "copy_tbps": self.ctx.copy_tbps,
             "timer": self.ctx.timer.description,
             "measured_at": _utc_now(),

@@ -45,6 +45,14 @@ ROTATE_L2_MULTIPLE = 2
 #: and `benchmarks/bench_dcp.py`, so the benchmark measures the conditions the tuner ranked under.
 MAX_ROTATING_SETS = 8
 
+#: What a kernel's timing launches write, versioned per kernel; a database entry records the rule it was
+#: ranked under, and `layoutgen tune` ranks an entry of another rule again.  Pack (1) writes each rotating
+#: set's own send buffers.  Combine (2) writes one output for every set, as `bench_dcp.py` does and as
+#: serving does (a static output under CUDA graphs); rule 1 gave each set its own output, so at B = 64
+#: every call's writes went to DRAM: two vllm_a2a configs (N 2) took 4.87 and 5.00 µs in the tuner and
+#: 4.27 and 4.53 µs in the benchmark.
+TIMING_RULES: dict[str, int] = {"pack": 1, "combine": 2}
+
 Launch = Callable[[int], object]
 
 
