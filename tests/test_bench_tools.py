@@ -1,0 +1,68 @@
+"""The benchmark's helpers that run without a GPU: the clock sampler's windows, the clock line of the
+report, and the data-movement floor kernel (under the interpreter)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import requires_interpreter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from clocks import ClockSampler
+
+
+def sample(sm: float, power: float = 200.0) -> dict[str, float]:
+    return {"sm_mhz": sm, "mem_mhz": 3201.0, "power_w": power, "temp_c": 50.0}
+
+
+def test_a_window_takes_the_medians_of_its_samples_or_the_nearest_one() -> None:
+    clocks = ClockSampler()
+    clocks.samples = [
+        (10.0, sample(345)),
+        (11.0, sample(1980)),
+        (11.5, sample(1755)),
+        (12.0, sample(1980)),
+        (20.0, sample(345)),
+    ]
+    inside = clocks.window(10.5, 12.5)
+    assert inside["sm_mhz"] == 1980 and inside["sm_mhz_min"] == 1755 and inside["samples"] == 3
+    nearest = clocks.window(19.0, 19.5)  # shorter than the sampling interval: the closest sample stands in
+    assert nearest["sm_mhz"] == 345 and nearest["samples"] == 1
+
+
+def test_a_window_without_samples_says_why() -> None:
+    clocks = ClockSampler()
+    clocks.problem = "nvidia-smi not found"
+    assert clocks.window(0.0, 1.0) == {"samples": 0, "problem": "nvidia-smi not found"}
+
+
+@requires_interpreter
+def test_the_report_states_the_clock_range_or_why_it_is_missing() -> None:
+    import bench_dcp
+
+    rows = [{"clocks": sample(1980, 150.0)}, {"clocks": sample(1755, 250.0)}, {"clocks": sample(1980, 200.0)}]
+    line = bench_dcp.clock_line(rows)
+    assert "1755-1980 MHz, median 1980" in line and "power 150-250 W" in line
+    assert "nvidia-smi not found" in bench_dcp.clock_line(
+        [{"clocks": {"samples": 0, "problem": "nvidia-smi not found"}}]
+    )
+
+
+@requires_interpreter
+@pytest.mark.parametrize("sources", [1, 3])
+def test_the_floor_kernel_xors_its_sources_and_writes_nothing_past_the_count(sources: int) -> None:
+    import bench_dcp
+
+    count, block = 100, 64  # two programs, the second one masked
+    source = torch.randint(-(2**31), 2**31 - 1, (sources, count), dtype=torch.int32)
+    destination = torch.full((count + 28,), 0x5A5A5A5A, dtype=torch.int32)
+    bench_dcp._move_kernel[(2,)](source, destination, count, count, SOURCES=sources, BLOCK=block)
+    want = source[0].clone()
+    for index in range(1, sources):
+        want ^= source[index]
+    assert torch.equal(destination[:count], want)
+    assert torch.equal(destination[count:], torch.full((28,), 0x5A5A5A5A, dtype=torch.int32))
