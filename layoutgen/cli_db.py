@@ -134,6 +134,7 @@ def show(
 def check(db: DbOption = None) -> None:
     """Validate every database file (schema, names, file name vs device); list stale entries. Fails on invalid."""
     from layoutgen.cli import CommandFailed
+    from layoutgen.tuning.timing import TIMING_RULES
     from layoutgen.tuning_db import DatabaseError, device_file_name, read_database
 
     directories = _dirs(db)
@@ -163,6 +164,12 @@ def check(db: DbOption = None) -> None:
             states[state] = states.get(state, 0) + 1
         summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items())) or "no entries"
         console.print(f"[green]ok[/green] {path}: {summary}")
+        older = sum(1 for entry in database.entries.values() if entry.timing_rule != TIMING_RULES[entry.key.kernel])
+        if older:
+            console.print(
+                f"   {older} of them ranked under an older timing rule or not recording it: dispatch uses them; "
+                "`layoutgen tune` on that device ranks them again"
+            )
     if not files:
         console.print(f"no database files in {', '.join(str(d) for d in directories)} (an empty database is valid)")
     if problems:

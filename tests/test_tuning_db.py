@@ -261,6 +261,7 @@ def test_cli_db_check_and_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     checked = runner.invoke(app, ["db", "check", "--db", str(tmp_path)])
     assert checked.exit_code == 0, checked.output
     assert f"ok {tmp_path / 'NVIDIA_H200.json'}: 2 stale spec" in text(checked)  # the test entries' hashes are made up
+    assert "2 of them ranked under an older timing rule or not recording it" in text(checked)
     shown = runner.invoke(app, ["db", "show", "--db", str(tmp_path), "--device", DEVICE])
     assert shown.exit_code == 0, shown.output
     row = "pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64 │ block_batch=1 block_dim=512 block_head=4 num_stages=1"
