@@ -555,23 +555,22 @@ def main() -> int:
     result: dict[str, Any] = {"environment": environment(), "ceilings": ceilings(timer), "tuning_db": db_path}
     print(json.dumps(result), flush=True)
     rows: list[dict[str, Any]] = []
-    clocks = ClockSampler().__enter__()
-    for spec in args.specs:
-        module = layoutgen.load(spec)
-        for N, B, H, D in grid_points(args.quick):
-            start = time.time()
-            row = measure_point(module, sglang, timer, entries, N, B, H, D, args.warm)
-            row["clocks"] = clocks.window(start, time.time())
-            rows.append(row)
-            print(
-                f"{spec:20s} N={N} B={B:5d} H={H:3d} D={D}: pack {row.get('pack_tuned_us', row['pack_default_us']):8.2f} "
-                f"(sglang {row.get('pack_sglang_us', float('nan')):8.2f})  combine "
-                f"{row.get('combine_tuned_us', row['combine_default_us']):8.2f} (sglang {row.get('combine_sglang_us', float('nan')):8.2f})",
-                flush=True,
-            )
-            torch.cuda.empty_cache()
-        write_results(result, rows, args.out)  # after every spec: a run cut short still leaves its figures
-    clocks.__exit__()
+    with ClockSampler() as clocks:
+        for spec in args.specs:
+            module = layoutgen.load(spec)
+            for N, B, H, D in grid_points(args.quick):
+                start = time.time()
+                row = measure_point(module, sglang, timer, entries, N, B, H, D, args.warm)
+                row["clocks"] = clocks.window(start, time.time())
+                rows.append(row)
+                print(
+                    f"{spec:20s} N={N} B={B:5d} H={H:3d} D={D}: pack {row.get('pack_tuned_us', row['pack_default_us']):8.2f} "
+                    f"(sglang {row.get('pack_sglang_us', float('nan')):8.2f})  combine "
+                    f"{row.get('combine_tuned_us', row['combine_default_us']):8.2f} (sglang {row.get('combine_sglang_us', float('nan')):8.2f})",
+                    flush=True,
+                )
+                torch.cuda.empty_cache()
+            write_results(result, rows, args.out)  # after every spec: a run cut short still leaves its figures
     print(json.dumps(result["summary"], indent=1))
     return 0
 

@@ -49,8 +49,11 @@ LONG_IDLE_S = 10.0
 REPEATS = 100
 
 
-def launches_for(module: Any, sglang: Any, entries: dict[str, Any], kernel: str, N: int, B: int) -> dict[str, Any]:
-    """label -> launch(set index) for our tuned and default configs and sglang's kernel, checked first."""
+def launches_for(
+    module: Any, sglang: Any, entries: dict[str, Any], kernel: str, N: int, B: int
+) -> tuple[int, dict[str, Any]]:
+    """Rotating sets, and label -> launch(set index) for our tuned and default configs and sglang's kernel,
+    each checked first."""
     from bench_dcp import pick_tuned, same_bytes
 
     from layoutgen.tolerances import combine_error
@@ -89,8 +92,7 @@ def launches_for(module: Any, sglang: Any, entries: dict[str, Any], kernel: str,
             if combine_error(merged.cpu(), want.cpu(), float(outs[0].abs().max())) > 1.0:
                 raise AssertionError(f"{label} combine outside tolerance")
         launches["sglang"] = lambda i: sglang.dcp_lse_combine_triton(sends[i].payload_view(B), sends[i].lse_view(B))
-    launches["_sets"] = sets
-    return launches
+    return sets, launches
 
 
 def freshness(timer: CudaGraphTimer, sglang: Any, entries: dict[str, Any]) -> list[dict[str, Any]]:
@@ -100,9 +102,10 @@ def freshness(timer: CudaGraphTimer, sglang: Any, entries: dict[str, Any]) -> li
     module = layoutgen.load("pynccl_a2a")
     steps: list[dict[str, Any]] = []
 
-    def measure(step: str, launches: dict[str, Any], times: int, label: str = "tuned") -> None:
+    def measure(step: str, point: tuple[int, dict[str, Any]], times: int, label: str = "tuned") -> None:
+        sets, launches = point
         for _ in range(times):
-            timing = timer.time(launches[label], launches["_sets"], estimated_us=1.0)
+            timing = timer.time(launches[label], sets, estimated_us=1.0)
             steps.append({"step": step, "label": label, "median_us": timing.median_us})
             print(json.dumps(steps[-1]), flush=True)
 
@@ -148,8 +151,8 @@ def main() -> int:
     fresh_steps = freshness(timer, sglang, entries)
     points = []
     for spec, kernel, N, B in POINTS:
-        launches = launches_for(layoutgen.load(spec), sglang, entries, kernel, N, B)
-        points.append(((spec, kernel, N, B), launches.pop("_sets"), launches))
+        sets, launches = launches_for(layoutgen.load(spec), sglang, entries, kernel, N, B)
+        points.append(((spec, kernel, N, B), sets, launches))
     source = torch.ones(1 << 28, dtype=torch.int32, device="cuda")
     destination = torch.empty_like(source)
     copies = torch.cuda.CUDAGraph()

@@ -13,6 +13,7 @@ import itertools
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -573,11 +574,7 @@ def test_a_retune_measures_the_config_the_database_holds_first(tmp_path: Path) -
     bound = space.bind(target.problem, 3)
     default = target.default_config(3)
     recorded = next(config for config in bound.feasible() if config != default)
-    key = plan.tuning_key(target, 3)
-    entry = TuningEntry(key=key, config=recorded.as_dict(), median_us=1.0, p20_us=1.0, p80_us=1.0, default_us=2.0,
-                        trials=4, spec_hash=target.spec_hash, source_hash="an older kernel",
-                        measured_at="2026-01-01T00:00:00+00:00")  # fmt: skip
-    record(Path(options.db_dir), CPU_INTERPRETER_DEVICE, "none", [entry])
+    record(Path(options.db_dir), CPU_INTERPRETER_DEVICE, "none", [stale_entry(target, 3, recorded)])
 
     run_tune(options)  # the entry is stale (another source hash), so this study is tuned
     (trials,) = all_trials(options).values()
@@ -595,6 +592,29 @@ class LaunchOf:
         pass
 
 
+def fake_timings(
+    monkeypatch: pytest.MonkeyPatch, searched: dict[Any, float], retime: Callable[[list[Any]], list[float]]
+) -> None:
+    """The search times each config at `searched[config]`; the final re-timing gives `retime(configs)`."""
+
+    def time(self: WallClockTimer, launch: LaunchOf, *args: Any, **kwargs: Any) -> Any:
+        return summarize([searched[launch.config]] * 3, 1)
+
+    def time_interleaved(self: WallClockTimer, launches: list[LaunchOf], *args: Any, **kwargs: Any) -> Any:
+        return [summarize([us] * 3, 1) for us in retime([launch.config for launch in launches])]
+
+    monkeypatch.setattr(study.Workload, "timing_launch", lambda self, config: LaunchOf(config))
+    monkeypatch.setattr(WallClockTimer, "time", time)
+    monkeypatch.setattr(WallClockTimer, "time_interleaved", time_interleaved)
+
+
+def stale_entry(target: Any, batch: int, config: Any) -> TuningEntry:
+    """A database entry holding `config`, measured on an older kernel source (so its study is tuned)."""
+    return TuningEntry(key=plan.tuning_key(target, batch), config=config.as_dict(), median_us=1.0, p20_us=1.0,
+                       p80_us=1.0, default_us=2.0, trials=4, spec_hash=target.spec_hash,
+                       source_hash="an older kernel", measured_at="2026-01-01T00:00:00+00:00")  # fmt: skip
+
+
 @requires_interpreter
 def test_the_fastest_finalist_of_the_re_timing_wins_not_the_fastest_of_the_search(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -607,17 +627,11 @@ def test_the_fastest_finalist_of_the_re_timing_wins_not_the_fastest_of_the_searc
     searched[default] = 50.0
     lucky: list[Any] = []  # the search's fastest config, which the re-timing finds slow
 
-    def time(self: WallClockTimer, launch: LaunchOf, *args: Any, **kwargs: Any) -> Any:
-        return summarize([searched[launch.config]] * 3, 1)
+    def retime(configs: list[Any]) -> list[float]:
+        lucky.append(min((config for config in configs if config != default), key=searched.get))
+        return [100.0 if config == lucky[-1] else searched[config] for config in configs]
 
-    def time_interleaved(self: WallClockTimer, launches: list[LaunchOf], *args: Any, **kwargs: Any) -> Any:
-        lucky.append(min((launch.config for launch in launches if launch.config != default), key=searched.get))
-        return [summarize([100.0 if launch.config == lucky[-1] else searched[launch.config]] * 3, 1)
-                for launch in launches]  # fmt: skip
-
-    monkeypatch.setattr(study.Workload, "timing_launch", lambda self, config: LaunchOf(config))
-    monkeypatch.setattr(WallClockTimer, "time", time)
-    monkeypatch.setattr(WallClockTimer, "time_interleaved", time_interleaved)
+    fake_timings(monkeypatch, searched, retime)
     run_tune(options)
 
     (name,) = all_trials(options)
@@ -638,23 +652,11 @@ def test_a_retune_replaces_the_database_config_only_past_the_noise(
     default = target.default_config(3)
     feasible = sorted(space.bind(target.problem, 3).feasible(), key=str)
     recorded = next(config for config in feasible if config != default)
-    entry = TuningEntry(key=plan.tuning_key(target, 3), config=recorded.as_dict(), median_us=1.0, p20_us=1.0,
-                        p80_us=1.0, default_us=2.0, trials=4, spec_hash=target.spec_hash,
-                        source_hash="an older kernel", measured_at="2026-01-01T00:00:00+00:00")  # fmt: skip
-    record(Path(options.db_dir), CPU_INTERPRETER_DEVICE, "none", [entry])
+    record(Path(options.db_dir), CPU_INTERPRETER_DEVICE, "none", [stale_entry(target, 3, recorded)])
     searched: dict[Any, float] = {config: 10.0 + index for index, config in enumerate(feasible)}
     searched[default] = 50.0
-
-    def time(self: WallClockTimer, launch: LaunchOf, *args: Any, **kwargs: Any) -> Any:
-        return summarize([searched[launch.config]] * 3, 1)
-
-    def time_interleaved(self: WallClockTimer, launches: list[LaunchOf], *args: Any, **kwargs: Any) -> Any:
-        retimed = {default: 50.0, recorded: 20.0}
-        return [summarize([retimed.get(launch.config, rival_us)] * 3, 1) for launch in launches]
-
-    monkeypatch.setattr(study.Workload, "timing_launch", lambda self, config: LaunchOf(config))
-    monkeypatch.setattr(WallClockTimer, "time", time)
-    monkeypatch.setattr(WallClockTimer, "time_interleaved", time_interleaved)
+    retimed = {default: 50.0, recorded: 20.0}
+    fake_timings(monkeypatch, searched, lambda configs: [retimed.get(config, rival_us) for config in configs])
     run_tune(options)
 
     (name,) = all_trials(options)

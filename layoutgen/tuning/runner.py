@@ -103,21 +103,20 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     held = database_entries(options.db_dir, device_name, targets, buckets) if options.db_dir is not None else {}
     if not options.retune:
         l2_bytes = device_l2(options)
-        current = sorted(
-            name for name, (target, batch, entry) in held.items() if decided(entry, target, batch, l2_bytes)
-        )
+        current: list[str] = []
+        retimed = 0
+        for name, (target, batch, entry) in held.items():
+            if decided(entry, target, batch, l2_bytes):
+                current.append(name)
+            elif (entry.spec_hash, entry.source_hash) == (target.spec_hash, target.source_hash):
+                retimed += 1  # the same kernel, timed under other conditions
+        current.sort()
         if current:
             options = dataclasses.replace(options, skip=tuple(current))
             console.print(
                 f"{len(current)} of {len(targets) * len(buckets)} studies already have a current decision in "
                 f"{options.db_dir}: skipped (--retune tunes them again)"
             )
-        retimed = sum(
-            1
-            for target, batch, entry in held.values()
-            if (entry.spec_hash, entry.source_hash) == (target.spec_hash, target.source_hash)
-            and not decided(entry, target, batch, l2_bytes)
-        )
         if retimed:
             console.print(
                 f"{retimed} database entries were timed under other conditions than this tuner's (another "
