@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'vllm_a2a'
 SPEC_HASH = 'b1210ad23bc0ccc209e1094dfff6db613cea499b705a953bd403027de8314b91'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'a3fb8f952ea93b8f63075c780c9bf3e4a536a86cca00d24fee8435a76d4b9a22', 'combine': 'f8c9d1a2c71d2b6d5ffff25b9b8b82ecae55018c97d62997e97d482d9d66041a'}
+SOURCE_HASHES = {'pack': 'a3fb8f952ea93b8f63075c780c9bf3e4a536a86cca00d24fee8435a76d4b9a22', 'combine': '7641db88d1da03bcda66e7924d3c5614462d56b7575948cdb996e6dfa5447e93'}
 SPEC_SUMMARY = "vLLM's split a2a; payload and LSE in two all_to_all_single buffers."
 SPEC = _parse_spec({**{'name': 'vllm_a2a', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 1, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -246,58 +246,40 @@ def _combine_kernel(
     lse_row_offset = batch_2d * stats_stride_batch + head_2d
     payload_row_offset = batch_3d * payload_stride_batch + head_3d * payload_stride_head + dim_3d
 
-    # How the N partials are merged was measured (H200, bf16, H = 128, D = 512, probe_combine_*_H200.json).
-    # Up to two peers, one pass with a running max (online softmax): at B = 1 it took 1.08-1.17 µs against
-    # 1.24-1.33 µs for two passes.  From four peers, two passes: the first takes the LSE maximum (no
-    # exponential on the dependency chain), the second computes the N weights independently of each other,
-    # where the one pass chains N rescales (max -> exp -> multiply per peer): N = 4, B = 8 1.53 against
-    # 1.64 µs; N = 8, B = 1 1.35 against 1.38-1.42 µs; N = 8, B = 256 10.8 against 11.0 µs.
-    # Either way every load is independent of the arithmetic, so all N partials are in flight at once.
+    # Two passes over the peers (H200, bf16, H = 128, D = 512): the first takes the LSE maximum (no
+    # exponential on the dependency chain), the second computes the N weights independently of each other.
+    # One pass with a running max (online softmax) chains N rescales (max -> exp -> multiply per peer) and
+    # was slower at most points: N = 2, B = 1 / 8 / 64 1.26 / 1.49 / 4.55 against 1.25 / 1.46 / 4.51 µs
+    # (probe_two_pass_n2_H200.json); N = 4, B = 8 1.64 against 1.53 µs; N = 8, B = 256 11.0 against 10.8 µs
+    # (pynccl_a2a, probe_combine_*_H200.json).
+    # Every load is independent of the arithmetic, so all N partials are in flight at once.
     # The accumulator holds the weighted mean itself (each partial enters with weight / weight sum): a sum
     # of N partials near the dtype's maximum would overflow float32 before a final division, and a
     # per-row scale replaces a division per element.  The guard selects the payload, not the product, so
     # an empty partial (share 0) adds 0 even when its payload is NaN, and the multiply-add stays fused.
     lse_max = tl.full((BLOCK_BATCH, BLOCK_HEAD), float("-inf"), tl.float32)
+    for peer in tl.static_range(NUM_PEERS):
+        lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
+        lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
+        lse_max = tl.maximum(lse_max, lse)
+    all_empty = lse_max == float("-inf")
+    shift = tl.where(all_empty, 0.0, lse_max)
+    # The LSE words and their exponentials are loaded and computed again per loop: the loads hit L1 (the
+    # compiler merges them), and Triton keeps no per-peer list of tensors.
     weight_sum = tl.zeros((BLOCK_BATCH, BLOCK_HEAD), tl.float32)
+    for peer in tl.static_range(NUM_PEERS):
+        lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
+        lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
+        weight_sum += _lse_exp(lse - shift, LSE_BASE_2)
+    inverse_sum = 1.0 / tl.where(all_empty, 1.0, weight_sum)
     accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
-    if NUM_PEERS <= 2:
-        for peer in tl.static_range(NUM_PEERS):
-            lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
-            lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
-            partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
-            partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
-            new_max = tl.maximum(lse_max, lse)
-            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-            kept_sum = weight_sum * _lse_exp(lse_max - shift, LSE_BASE_2)
-            weight = _lse_exp(lse - shift, LSE_BASE_2)
-            weight_sum = kept_sum + weight
-            inverse_sum = 1.0 / tl.where(weight_sum > 0.0, weight_sum, 1.0)
-            kept_3d = (kept_sum * inverse_sum)[:, :, None]
-            share_3d = (weight * inverse_sum)[:, :, None]
-            accumulator = accumulator * kept_3d + share_3d * tl.where(share_3d > 0.0, partial, 0.0)
-            lse_max = new_max
-        all_empty = lse_max == float("-inf")
-    else:
-        for peer in tl.static_range(NUM_PEERS):
-            lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
-            lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
-            lse_max = tl.maximum(lse_max, lse)
-        all_empty = lse_max == float("-inf")
-        shift = tl.where(all_empty, 0.0, lse_max)
-        # The LSE words and their exponentials are loaded and computed again per loop: the loads hit L1 (the
-        # compiler merges them), and Triton keeps no per-peer list of tensors.
-        for peer in tl.static_range(NUM_PEERS):
-            lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
-            lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
-            weight_sum += _lse_exp(lse - shift, LSE_BASE_2)
-        inverse_sum = 1.0 / tl.where(all_empty, 1.0, weight_sum)
-        for peer in tl.static_range(NUM_PEERS):
-            lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
-            lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
-            partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
-            partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
-            share_3d = (_lse_exp(lse - shift, LSE_BASE_2) * inverse_sum)[:, :, None]
-            accumulator += share_3d * tl.where(share_3d > 0.0, partial, 0.0)
+    for peer in tl.static_range(NUM_PEERS):
+        lse_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
+        lse = _empty_if_not_finite(tl.load(lse_pointer, mask=row_mask, other=float("-inf")))
+        partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
+        partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
+        share_3d = (_lse_exp(lse - shift, LSE_BASE_2) * inverse_sum)[:, :, None]
+        accumulator += share_3d * tl.where(share_3d > 0.0, partial, 0.0)
 
     destination = out_ptr + batch_3d * out_stride_batch + head_3d * out_stride_head + dim_3d * out_stride_dim
     tl.store(destination, accumulator.to(out_ptr.dtype.element_ty), mask=mask)

@@ -456,7 +456,7 @@ def test_mixed_edge_cases_long_run(mixture: Any, spec_name: str, spec_modules: A
     check_mixture(mixture, spec_modules, spec_name)
 
 
-@pytest.mark.parametrize("N", [2, 3, 4], ids=["one-pass", "two-pass-3", "two-pass-4"])
+@pytest.mark.parametrize("N", [2, 3, 4], ids=["N2", "N3", "N4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_payloads_at_the_dtype_maximum(dtype: torch.dtype, N: int, spec_modules: dict[str, ModuleType]) -> None:
     # The accumulator holds the weighted mean, never the sum of N weighted partials: no float32 overflow.
