@@ -141,6 +141,19 @@ def test_the_combine_space_holds_sglangs_shape() -> None:
     assert any("bytes per thread" in reason for reason in one.violations(sglang_shape))
 
 
+def test_combine_tiles_count_the_partials_they_load() -> None:
+    # 2 heads x 128 bf16 writes 512 bytes but loads N times that: in the space at N = 8 (4 KiB loaded) and
+    # N = 2 (1 KiB), out of it at N = 1; the same tile in pack (one load) stays out.
+    small = CombineConfig(block_batch=1, block_head=2, block_dim=128, num_warps=1)
+    for N, feasible in ((8, True), (2, True), (1, False)):
+        bound = space.bind(space.Problem(bundled_specs()["vllm_a2a"], "combine", N, 16, 512, "bfloat16"), 64)
+        assert bound.is_feasible(small) is feasible, (N, bound.violations(small))
+    assert any("bytes per program" in reason for reason in bound.violations(small))
+    pack = space.bind(space.Problem(bundled_specs()["vllm_a2a"], "pack", 8, 16, 512, "bfloat16"), 64)
+    tile = PackConfig(block_peer=1, block_batch=1, block_head=2, block_dim=128, num_warps=1)
+    assert any("bytes per program" in reason for reason in pack.violations(tile))
+
+
 def test_grid_defaults_cover_mla_and_plain_attention() -> None:
     shapes = plan.grid_shapes(None, None, None, interpret=False)
     assert {(H, D) for _, H, D in shapes} == {(16, 512), (128, 512), (32, 128)}
