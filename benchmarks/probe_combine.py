@@ -29,7 +29,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
 import layoutgen
 from layoutgen import reference
 from layoutgen.config import CombineConfig, default_combine_config

@@ -37,8 +37,8 @@ MAX_ELEMENTS_PER_THREAD = 64
 #: Lower bound on the bytes each thread loads (above one warp): at least one 16-byte vector, or the extra
 #: warps only add scheduling work.  Combine loads N partials per output element, so its tile counts N
 #: times: sglang's combine shape (one row of 512 bf16 over 4 warps, 8 bytes per partial per thread) stays
-#: in the space; at N = 4, B <= 8 it leads ours by 0.02-0.09 µs with 192 instructions against 312
-#: (benchmarks/results/notes_H200.md).
+#: in the space (its kernel compiles to 192 instructions at N = 4, ours in that shape to 200:
+#: benchmarks/results/notes_H200.md).
 MIN_BYTES_PER_THREAD = 16
 #: Lower bound on the bytes one program loads (unless the whole problem is smaller): a program's fixed
 #: cost (index arithmetic, masks, the LSE branch) must be spread over enough data.  Combine counts its N

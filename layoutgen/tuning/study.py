@@ -570,8 +570,7 @@ class BucketSearch:
                 {"config": c.as_dict(), "median_us": t.median_us} for c, t in zip(finalists, timings, strict=True)
             ]
             best_config, tuned = _fastest(finalists, timings, incumbent, final)
-            gain = 1.0 - tuned.median_us / default_timing.median_us
-            noise = max(NOISE_FLOOR, tuned.spread, default_timing.spread)
+            gain, noise = _margin(tuned, default_timing)
             final.update(tuned_config=best_config.as_dict(), tuned_us=tuned.median_us,
                          default_us=default_timing.median_us, gain=gain, noise=noise)  # fmt: skip
             if gain > noise:
@@ -651,12 +650,17 @@ def _fastest(
     if incumbent is None or best_config == incumbent or incumbent not in finalists:
         return best_config, best
     held = timings[finalists.index(incumbent)]
-    margin = 1.0 - best.median_us / held.median_us
-    noise = max(NOISE_FLOOR, best.spread, held.spread)
+    margin, noise = _margin(best, held)
     if margin > noise:
         return best_config, best
     final["database_config_kept"] = f"the fastest finalist was {margin:.1%} faster, within the noise ({noise:.1%})"
     return incumbent, held
+
+
+def _margin(faster: Timing, slower: Timing) -> tuple[float, float]:
+    """How much faster `faster` ran than `slower` (a fraction), and the noise a margin must exceed to count:
+    NOISE_FLOOR or either timing's own spread, whichever is larger."""
+    return 1.0 - faster.median_us / slower.median_us, max(NOISE_FLOOR, faster.spread, slower.spread)
 
 
 def _timing_fields(timing: Timing) -> dict[str, float]:
