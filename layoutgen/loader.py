@@ -36,7 +36,9 @@ def load_path(path: Path, module_name: str | None = None) -> ModuleType:
         if module is not None:
             return module
         if not path.is_file():
-            raise FileNotFoundError(f"no generated module at {path}; run `layoutgen build` first")
+            raise FileNotFoundError(
+                f"no generated module at {path}; build it first: layoutgen build --spec FILE.yaml --out {path.parent}"
+            )
         name = module_name or f"layoutgen_generated_{path.stem}_{abs(hash(str(path))):x}"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
@@ -63,9 +65,18 @@ def load(name_or_path: str | Path) -> ModuleType:
             from layoutgen.spec import bundled_spec_paths
 
             known = ", ".join(p.stem for p in bundled_spec_paths())
-            raise ValueError(f"no generated module for spec '{text}' in {path.parent}; bundled specs: {known}")
+            raise ValueError(
+                f"no generated module for spec '{text}' in {path.parent}; bundled specs: {known}. For a spec of "
+                f"your own, build it first (layoutgen build --spec {text}.yaml --out DIR) and pass "
+                f"load('DIR/{text}.py')"
+            )
         return load_path(path, f"layoutgen.generated.{text}" if source_root() is None else None)
     path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml"):
+        raise ValueError(
+            f"load() takes a bundled spec name or a generated .py file; {text!r} is a spec: build it first with "
+            f"`layoutgen build --spec {text} --out DIR`, then load('DIR/<name>.py')"
+        )
     if path.suffix != ".py":
         raise ValueError(
             f"load() takes a bundled spec name or a generated .py file; got {text!r}. "

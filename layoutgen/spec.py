@@ -1,192 +1,66 @@
-"""Layout specs: the Pydantic models of DESIGN §3, YAML loading and validation.
+"""Layout specs, whatever their family: strict YAML loading, the shared base model, and clear errors.
 
-A spec says where every byte of a decode-context-parallel exchange lives.  It is
-the single source of truth: the reference, the code generator, the tuner and the
-runtime all read the validated model, never the YAML.
+A spec file is YAML whose `family:` key (default `dcp`) names the kernel family that owns its schema.
+This module reads the file (bounded, regular files only), parses it with a strict loader, finds the
+family and validates the data with the family's pydantic model, a `SpecBase` subclass.  Every failure
+is a `SpecError` whose lines name the file, the field and the fix.
 
-Every rule of the schema is a validator here, and every failure becomes a
-:class:`SpecError` whose lines name the file, the field and the fix.
+The spec is the single source of truth: the reference, the code generator, the tuner and the runtime
+all read the validated model, never the YAML.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import keyword
+import pkgutil
+import re
 import sys
 from collections.abc import Hashable, Mapping
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-#: Logical axes of the payload buffer (DESIGN §3).
-PAYLOAD_AXES: tuple[str, ...] = ("peer", "batch", "head", "dim")
-#: Logical axes of a separate stats buffer.
-STATS_AXES: tuple[str, ...] = ("peer", "batch", "head", "slot")
+from layoutgen.family import DEFAULT_FAMILY, FAMILY_NAME_PATTERN, content_hash, families, get_family
+from layoutgen.files import FileRefused, read_bounded
+
 #: Specs larger than this are not layout specs; refusing them bounds parsing work.
 MAX_SPEC_BYTES = 64 * 1024
 #: A report lists at most this many problems (a file of 6000 unknown keys stays one screen).
 MAX_PROBLEMS_SHOWN = 10
-#: YAML nesting deeper than this is refused before it is built (a spec is 3 deep; PyYAML composes recursively).
+#: YAML nesting deeper than this is refused before it is built (a spec is ~4 deep; PyYAML composes recursively).
 MAX_YAML_DEPTH = 16
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
-# Names that would shadow a module the generated code (or its importer) needs, that Python or pytest import on
-# their own when found on the path, or that Windows treats as devices whatever the extension.
-_RESERVED_NAMES = (
-    frozenset(sys.stdlib_module_names)
-    | {"torch", "triton", "layoutgen", "generated", "numpy", "jinja2", "pydantic", "pydantic_core", "yaml"}
-    | {"typer", "click", "rich", "filelock", "optuna", "platformdirs"}
-    | {"sitecustomize", "usercustomize", "conftest", "setup"}
-    | {"con", "prn", "aux", "nul"}
+#: Where the schema of every family is written down (error messages point here).
+SCHEMA_DOC = "docs/design.md §3"
+# Names that Python or pytest import on their own when found on the path, or that Windows treats as
+# devices whatever the extension; importable modules are added by `reserved_names()`.
+_ALWAYS_RESERVED = (
+    {"generated", "sitecustomize", "usercustomize", "conftest", "setup", "con", "prn", "aux", "nul"}
     | {f"{device}{number}" for device in ("com", "lpt") for number in range(10)}
 )
 
 
-class Transport(str, Enum):
-    ALL_TO_ALL_SINGLE = "all_to_all_single"
-    EXTERNAL = "external"
+@functools.cache
+def reserved_names() -> frozenset[str]:
+    """Names a spec may not take: a generated `<name>.py` next to a script would shadow the module of that
+    name.  Every top-level module importable in this environment (the standard library, the built-in
+    modules, everything installed on sys.path outside the working directory, layoutgen's own modules)
+    and the names above."""
+    names = set(sys.stdlib_module_names) | set(sys.builtin_module_names) | _ALWAYS_RESERVED
+    working = {"", "."} | {str(Path.cwd())}
+    paths = [entry for entry in sys.path if entry not in working]
+    names |= {module.name for module in pkgutil.iter_modules(paths)}
+    package = Path(__file__).resolve().parent
+    names |= {module.name for module in pkgutil.walk_packages([str(package)])}
+    names |= {part for module in list(names) for part in module.split(".")}
+    return frozenset(name.lower() for name in names)
 
 
-class PayloadDtype(str, Enum):
-    INPUT = "input"  # the dtype of `out`
-    FLOAT32 = "float32"
-
-
-class StatsPlacement(str, Enum):
-    ROW_TAIL = "row_tail"
-    SEPARATE = "separate"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
-
-
-def _check_permutation(axes: tuple[str, ...], expected: tuple[str, ...]) -> tuple[str, ...]:
-    if sorted(axes) != sorted(expected):
-        raise ValueError(f"must be a permutation of {list(expected)} (outer to inner, each once), got {list(axes)}")
-    return axes
-
-
-class PayloadSpec(_Model):
-    axes: tuple[str, ...] = Field(description="permutation of peer, batch, head, dim; outer to inner")
-    dtype: PayloadDtype = Field(description="wire dtype: `input` (same as `out`) or `float32`")
-
-    @field_validator("axes")
-    @classmethod
-    def _axes_are_a_permutation(cls, axes: tuple[str, ...]) -> tuple[str, ...]:
-        return _check_permutation(axes, PAYLOAD_AXES)
-
-
-class StatsSpec(_Model):
-    placement: StatsPlacement
-    axes: tuple[str, ...] | None = Field(default=None, description="separate only")
-    # Strict: YAML's `yes`, "2" or 1.0 are not word counts.
-    slots: StrictInt | None = Field(default=None, description="separate only: float32 words per entry")
-    slot: StrictInt | None = Field(default=None, description="separate only: the word holding the LSE")
-
-    @field_validator("axes")
-    @classmethod
-    def _axes_are_a_permutation(cls, axes: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        return None if axes is None else _check_permutation(axes, STATS_AXES)
-
-    @model_validator(mode="after")
-    def _fields_match_placement(self) -> StatsSpec:
-        if self.placement is StatsPlacement.ROW_TAIL:
-            for field in ("axes", "slots", "slot"):
-                if getattr(self, field) is not None:
-                    raise _FieldError(
-                        f"stats.{field}",
-                        "is only for placement: separate; remove it "
-                        "(row_tail stores the LSE after the D payload elements of each row)",
-                    )
-            return self
-        if self.axes is None:
-            raise _FieldError(
-                "stats.axes",
-                "placement: separate needs `axes`, a permutation of "
-                f"{list(STATS_AXES)}; add e.g. `axes: [peer, batch, head, slot]`",
-            )
-        slots = 1 if self.slots is None else self.slots
-        slot = 0 if self.slot is None else self.slot
-        if not 1 <= slots <= 64:
-            raise _FieldError("stats.slots", f"must be between 1 and 64, got {slots}")
-        if not 0 <= slot < slots:
-            raise _FieldError("stats.slot", f"must be in [0, slots) = [0, {slots}), got {slot}")
-        object.__setattr__(self, "slots", slots)
-        object.__setattr__(self, "slot", slot)
-        return self
-
-
-class LayoutSpec(_Model):
-    """One wire layout, exactly as DESIGN §3 defines it."""
-
-    name: str = Field(pattern=NAME_PATTERN, description="generated module name")
-    summary: str = Field(max_length=2000, description="free text; never reaches code except as a quoted literal")
-    transport: Transport
-    payload: PayloadSpec
-    stats: StatsSpec
-    align_bytes: StrictInt | None = Field(default=None, description="row_tail only: row length multiple")
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_not_reserved(cls, name: str) -> str:
-        if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in _RESERVED_NAMES:
-            raise ValueError(
-                f"'{name}' is a Python keyword or a reserved name (a module Python, pytest or the generated code "
-                "imports, or a Windows device); choose another name, e.g. 'my_backend_a2a'"
-            )
-        return name
-
-    @model_validator(mode="after")
-    def _cross_field_rules(self) -> LayoutSpec:
-        row_tail = self.stats.placement is StatsPlacement.ROW_TAIL
-        if row_tail:
-            align = 4 if self.align_bytes is None else self.align_bytes
-            if align < 4 or align > 256 or align & (align - 1):
-                raise _FieldError("align_bytes", f"must be a power of two between 4 and 256, got {self.align_bytes}")
-            object.__setattr__(self, "align_bytes", align)
-            if self.payload.dtype is PayloadDtype.INPUT and self.payload.axes[-1] != "dim":
-                raise _FieldError(
-                    "payload.axes",
-                    "row_tail with dtype: input needs `dim` innermost (the LSE's 4 bytes follow "
-                    f"the row's D elements); got {list(self.payload.axes)}. Move `dim` last or use dtype: float32",
-                )
-        elif self.align_bytes is not None:
-            raise _FieldError("align_bytes", "is only for stats.placement: row_tail; remove it")
-        if self.transport is Transport.ALL_TO_ALL_SINGLE:
-            buffers = [("payload.axes", self.payload.axes)]
-            if self.stats.axes is not None:
-                buffers.append(("stats.axes", self.stats.axes))
-            for field, axes in buffers:
-                if axes[0] != "peer":
-                    raise _FieldError(
-                        field,
-                        "transport all_to_all_single needs `peer` outermost so each peer's chunk is "
-                        f"contiguous; got {list(axes)}. Put `peer` first or use transport: external",
-                    )
-        return self
-
-    @property
-    def row_tail(self) -> bool:
-        return self.stats.placement is StatsPlacement.ROW_TAIL
-
-    @functools.cached_property
-    def _layout_hash(self) -> str:
-        canonical = self.model_dump(mode="json", exclude={"summary"})
-        blob = json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()
-
-    def layout_hash(self) -> str:
-        """sha256 of everything that decides bytes and code, i.e. all but `summary`."""
-        return self._layout_hash
-
-
-class _FieldError(ValueError):
-    """A cross-field rule that blames one field; `SpecError` reports its path."""
+class FieldError(ValueError):
+    """A cross-field rule that blames one field (`payload.axes`); `SpecError` reports its path."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -194,13 +68,46 @@ class _FieldError(ValueError):
         self.message = message
 
 
+class SpecBase(BaseModel):
+    """What every family's spec has: its family, its name and a free-text summary.
+
+    Family models subclass it and add their fields; unknown keys are refused and models are frozen.
+    The layout hash covers everything but the summary, so the summary can never change generated code.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+
+    family: str = Field(default=DEFAULT_FAMILY, pattern=FAMILY_NAME_PATTERN, description="the kernel family")
+    name: str = Field(pattern=NAME_PATTERN, description="generated module name")
+    summary: str = Field(max_length=2000, description="free text; never reaches code except as a quoted literal")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_not_reserved(cls, name: str) -> str:
+        if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in reserved_names():
+            raise ValueError(
+                f"'{name}' is a Python keyword or a reserved name (a module this Python environment can "
+                "import, one Python or pytest imports on their own, or a Windows device): the generated "
+                f"{name}.py would shadow it; choose another name, e.g. 'my_backend_a2a'"
+            )
+        return name
+
+    @functools.cached_property
+    def _layout_hash(self) -> str:
+        return content_hash(self.model_dump(mode="json", exclude={"summary"}))
+
+    def layout_hash(self) -> str:
+        """sha256 of everything that decides bytes and code, i.e. all but `summary`."""
+        return self._layout_hash
+
+
 class SpecError(ValueError):
     """A spec that cannot be used. `str()` is a short, complete, user-facing report."""
 
-    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+    def __init__(self, source: str, problems: list[tuple[str, str]], headline: str = "invalid layout spec") -> None:
         self.source = source
         self.problems = problems
-        lines = [f"{_shown(source, limit=1000)}: invalid layout spec"]  # a file name may hold a newline
+        lines = [f"{_shown(source, limit=1000)}: {headline}"]  # a file name may hold a newline
         lines += [f"  {field}: {message}" for field, message in problems[:MAX_PROBLEMS_SHOWN]]
         if len(problems) > MAX_PROBLEMS_SHOWN:
             lines.append(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more problem(s)")
@@ -208,7 +115,7 @@ class SpecError(ValueError):
 
 
 _FIX_HINTS: dict[str, str] = {
-    "extra_forbidden": "unknown key; remove it (see DESIGN §3 for the schema)",
+    "extra_forbidden": f"unknown key; remove it (see {SCHEMA_DOC} for the schema)",
     "missing": "required; add it",
 }
 
@@ -224,30 +131,43 @@ def _problems_from(error: ValidationError) -> list[tuple[str, str]]:
     problems = []
     for item in error.errors(include_url=False):
         ctx_error = (item.get("ctx") or {}).get("error")
-        if isinstance(ctx_error, _FieldError):
+        if isinstance(ctx_error, FieldError):
             problems.append((ctx_error.field, _shown(ctx_error.message, limit=400)))
             continue
         field = _shown(".".join(str(part) for part in item["loc"])) or "(top level)"
         message = _FIX_HINTS.get(item["type"], item["msg"].removeprefix("Value error, "))
-        if item["type"] == "string_pattern_mismatch":
+        if item["type"] == "string_pattern_mismatch" and item["loc"] == ("name",):
             message = f"must match {NAME_PATTERN} (lower-case letter, then lower-case letters, digits, _)"
         problems.append((field, _shown(message, limit=400)))  # messages may quote the spec's own values
     return problems
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> LayoutSpec:
-    """Validate already-parsed YAML/JSON data; raise :class:`SpecError`."""
+def parse_spec(data: Any, source: str = "<spec>") -> Any:
+    """Validate already-parsed YAML/JSON data with its family's model; raise :class:`SpecError`."""
     if not isinstance(data, Mapping):
         raise SpecError(source, [("(top level)", f"must be a mapping of keys, got {type(data).__name__}")])
+    family_name = data.get("family", DEFAULT_FAMILY)
+    if not isinstance(family_name, str) or not re.fullmatch(FAMILY_NAME_PATTERN, family_name):
+        raise SpecError(source, [("family", f"must be a family name such as {DEFAULT_FAMILY!r}; got {family_name!r}")])
     try:
-        return LayoutSpec.model_validate(dict(data))
+        family = get_family(family_name)
+    except ValueError as error:
+        raise SpecError(source, [("family", str(error))]) from None
+    try:
+        return family.spec_model.model_validate(dict(data))
     except ValidationError as error:
         raise SpecError(source, _problems_from(error)) from None
 
 
+_PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_INT_TAG = "tag:yaml.org,2002:int"
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """Safe loader that also refuses aliases (no billion-laughs expansion), nesting deeper than
-    MAX_YAML_DEPTH (PyYAML would recurse until RecursionError) and duplicate keys."""
+    """Safe loader that also refuses aliases (no billion-laughs expansion), explicit tags (`!!binary`,
+    `!!int`, local tags), integers written other than in plain decimal (YAML 1.1 reads `020` as octal 16
+    and `1:30` as 90), nesting deeper than MAX_YAML_DEPTH (PyYAML would recurse until RecursionError)
+    and duplicate keys."""
 
     _depth = 0
 
@@ -257,18 +177,32 @@ class _StrictLoader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(
                 None, None, "YAML aliases are not allowed in layout specs; write the value out", event.start_mark
             )
+        event = self.peek_event()
+        if getattr(event, "tag", None) not in (None, "!"):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"YAML tags ({event.tag}) are not allowed in layout specs; write the plain value",
+                event.start_mark,
+            )  # fmt: skip
         if self._depth >= MAX_YAML_DEPTH:
             raise yaml.constructor.ConstructorError(
                 None,
                 None,
-                f"nested deeper than {MAX_YAML_DEPTH} levels; a layout spec is 3 levels deep",
-                self.peek_event().start_mark,
+                f"nested deeper than {MAX_YAML_DEPTH} levels; a layout spec is about 4 levels deep",
+                event.start_mark,
             )
         self._depth += 1
         try:
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        if not _PLAIN_INT.fullmatch(str(node.value)):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the integer {node.value!r} is not plain decimal (YAML reads leading zeros as octal "
+                "and colons as base 60); write it as digits without a leading zero", node.start_mark,
+            )  # fmt: skip
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
         seen = set()
@@ -293,51 +227,65 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def parse_spec_text(text: str, source: str = "<spec>") -> LayoutSpec:
+_StrictLoader.add_constructor(_INT_TAG, _StrictLoader.construct_yaml_int)
+
+
+def _yaml_problem(error: yaml.YAMLError, source: str) -> str:
+    """A YAML error on one line, naming `source` rather than PyYAML's "<unicode string>"."""
+    text = " ".join(str(error).split()).replace('"<unicode string>"', source).replace("<unicode string>", source)
+    return _shown(text, limit=400)
+
+
+def parse_spec_text(text: str, source: str = "<spec>") -> Any:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
         raise SpecError(source, [("(file)", f"larger than {MAX_SPEC_BYTES} bytes; a layout spec is ~20 lines")])
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as error:
-        raise SpecError(source, [("(yaml)", _shown(" ".join(str(error).split()), limit=400))]) from None
-    except ValueError as error:  # e.g. an integer longer than Python's int-from-text limit
+        raise SpecError(source, [("(yaml)", _yaml_problem(error, source))], "not valid YAML") from None
+    except (ValueError, RecursionError) as error:  # e.g. an integer longer than Python's int-from-text limit
         raise SpecError(source, [("(yaml)", _shown(" ".join(str(error).split()), limit=200))]) from None
     return parse_spec(data, source)
 
 
-def load_spec(path: str | Path) -> LayoutSpec:
+def load_spec(path: str | Path) -> Any:
     """Read and validate one YAML spec file; raise :class:`SpecError` naming the file."""
     path = Path(path)
     try:
-        # Never more than the limit plus one byte: /dev/zero or a huge file is refused, not read into memory.
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_SPEC_BYTES + 1)
-        if len(raw) > MAX_SPEC_BYTES:
-            raise SpecError(str(path), [("(file)", f"larger than {MAX_SPEC_BYTES} bytes; a layout spec is ~20 lines")])
+        raw = read_bounded(path, MAX_SPEC_BYTES)
+    except FileRefused as refused:
+        headline = "spec file missing" if refused.reason == "no such file" else "cannot read the spec file"
+        reason = refused.reason if refused.reason != "no such file" else "no such file; check the path"
+        if refused.reason.startswith("is larger"):
+            headline, reason = "invalid layout spec", f"larger than {MAX_SPEC_BYTES} bytes; a layout spec is ~20 lines"
+        elif refused.reason == "is a directory":
+            reason = "is a directory; pass a .yaml file"
+        raise SpecError(str(path), [("(file)", reason)], headline) from None
+    try:
         text = raw.decode("utf-8")
-    except FileNotFoundError:
-        raise SpecError(str(path), [("(file)", "no such file; check the path")]) from None
-    except IsADirectoryError:
-        raise SpecError(str(path), [("(file)", "is a directory; pass a .yaml file")]) from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise SpecError(str(path), [("(file)", f"cannot be read: {error}")]) from None
+    except UnicodeDecodeError as error:
+        raise SpecError(str(path), [("(file)", f"cannot be read: {error}")], "cannot read the spec file") from None
     return parse_spec_text(text, str(path))
 
 
-def bundled_spec_dir() -> Path:
-    return Path(__file__).resolve().parent / "specs"
-
-
 def bundled_spec_paths() -> list[Path]:
-    return sorted(bundled_spec_dir().glob("*.yaml"))
+    """Every family's bundled spec files, sorted by name."""
+    paths = [path for family in families() for path in family.spec_dir.glob("*.yaml")]
+    return sorted(paths, key=lambda path: path.stem)
 
 
-def bundled_specs() -> dict[str, LayoutSpec]:
-    """Every built-in spec by name."""
+def bundled_specs() -> dict[str, Any]:
+    """Every built-in spec by name (each must carry its file's name and its folder's family)."""
     specs = {}
     for path in bundled_spec_paths():
         spec = load_spec(path)
         if spec.name != path.stem:
             raise SpecError(str(path), [("name", f"must equal the file name '{path.stem}'")])
+        if spec.name in specs:
+            raise SpecError(str(path), [("name", f"'{spec.name}' is bundled by two families; rename one")])
         specs[spec.name] = spec
     return specs
+
+
+def bundled_spec_dirs() -> list[Path]:
+    return [family.spec_dir for family in families()]

@@ -1,12 +1,18 @@
-"""The tuning database: one JSON file per device with the tuned launch config per shape.
+"""The tuning database: one JSON file per device with the tuned launch config per specialisation.
 
-A file `tuning_db/<device>.json` holds a `TuningDatabase`: the device, the
-software it was tuned with, and one `TuningEntry` per `TuningKey` (spec, kernel,
-N, heads per peer, D, dtype, batch bucket), stored under `key.as_str()`.
-Files are written with sorted keys, an indent and a trailing newline so that
-diffs stay reviewable.  `record` merges new entries into a file under a file
-lock and replaces it atomically: concurrent tuners lose nothing and a crash
-mid-write leaves the previous file intact.
+A file `tuning_db/<device>.json` holds a `TuningDatabase` (schema 2): the device, the software of its
+last write, and one `TuningEntry` per `TuningKey` -- (family, spec, kernel, the shape as named extents,
+dtype, size bucket) -- stored under `key.as_str()`.  An entry is current only while everything it was
+measured against is unchanged, and it records all of it, each derived from content: the spec's layout
+hash, its kernel's source hash, the hash of the kernel's search-space declaration, the hash of its
+timing procedure, and the major.minor versions of triton and torch (`current_problems` says which
+differ).  Nothing is bumped by hand.
+
+Files are written with sorted keys, an indent and a trailing newline so that diffs stay reviewable.
+`record` merges new entries into a file under a file lock and replaces it atomically (keeping the
+replaced file's mode and, where the writer may, its owner; through a symlink, into its target):
+concurrent tuners lose nothing and a crash mid-write leaves the previous file intact.  Every read is
+bounded (`layoutgen.files`).
 
 Nothing here touches CUDA at import; `current_device()` does on call.
 """
@@ -17,26 +23,35 @@ import contextlib
 import json
 import os
 import re
+import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-SCHEMA_VERSION = 1
+from layoutgen.files import FileRefused, read_bounded
+
+SCHEMA_VERSION = 2
 #: Where `layoutgen tune --interpret` records its (meaningless for speed) timings; GPU dispatch never reads it.
 CPU_INTERPRETER_DEVICE = "cpu-interpreter"
 #: How long a writer waits for another writer's lock before giving up.
 LOCK_TIMEOUT_S = 60.0
+#: A database larger than this is refused unread (the H200 file of 936 entries is 0.8 MB).
+MAX_DATABASE_BYTES = 64 << 20
+#: The migration of a schema-1 file (layoutgen 0.1): a script of the repository, since it must know the
+#: family whose entries it rewrites.
+MIGRATE_V1 = "python scripts/migrate_tuning_db_v2.py FILE"
 
-DTYPE_NAMES = ("bfloat16", "float16", "float32")
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _KEY_PATTERN = re.compile(
-    r"(?P<spec>[^|]+)\|(?P<kernel>pack|combine)\|N=(?P<N>\d+)\|Hl=(?P<heads_per_peer>\d+)\|D=(?P<D>\d+)"
-    r"\|(?P<dtype>[a-z0-9]+)\|B=(?P<batch_bucket>\d+)"
+    rf"(?P<family>[a-z][a-z0-9_]*)\|(?P<spec>[^|=]+)\|(?P<kernel>[a-z][a-z0-9_]*)"
+    rf"\|(?P<extents>(?:{_NAME}=\d+\|)*)(?P<dtype>[a-z][a-z0-9_]*)\|(?P<bucket_name>{_NAME})=(?P<bucket>\d+)"
 )
 
 
@@ -49,20 +64,35 @@ class TuningKey(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    spec: str = Field(min_length=1, pattern=r"^[^|]+$")
-    kernel: Literal["pack", "combine"]
-    N: int = Field(ge=1)
-    heads_per_peer: int = Field(ge=1)
-    D: int = Field(ge=1)
-    dtype: Literal["bfloat16", "float16", "float32"]
-    batch_bucket: int = Field(ge=1)
+    family: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    spec: str = Field(min_length=1, pattern=r"^[^|=]+$")
+    kernel: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    #: The shape, as the family names its extents (e.g. N, Hl, D), in key order.
+    extents: dict[str, StrictInt]
+    dtype: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    bucket_name: str = Field(pattern=rf"^{_NAME}$")
+    bucket: StrictInt = Field(ge=1)
+
+    @field_validator("extents")
+    @classmethod
+    def _check_extents(cls, extents: dict[str, int]) -> dict[str, int]:
+        for name, value in extents.items():
+            if not re.fullmatch(_NAME, name) or value < 1:
+                raise ValueError(f"extent {name}={value} must be a name and a positive int")
+        return extents
+
+    def group(self) -> tuple[Any, ...]:
+        """Everything but the bucket: the entries dispatch chooses a bucket among."""
+        return (self.family, self.spec, self.kernel, tuple(self.extents.items()), self.dtype)
+
+    def shape_text(self) -> str:
+        """The key without its bucket, e.g. `dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16`."""
+        extents = "".join(f"{name}={value}|" for name, value in self.extents.items())
+        return f"{self.family}|{self.spec}|{self.kernel}|{extents}{self.dtype}"
 
     def as_str(self) -> str:
-        """The canonical entry name, e.g. `pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64`."""
-        return (
-            f"{self.spec}|{self.kernel}|N={self.N}|Hl={self.heads_per_peer}|D={self.D}"
-            f"|{self.dtype}|B={self.batch_bucket}"
-        )
+        """The canonical entry name, e.g. `dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64`."""
+        return f"{self.shape_text()}|{self.bucket_name}={self.bucket}"
 
     @classmethod
     def from_str(cls, text: str) -> TuningKey:
@@ -70,9 +100,15 @@ class TuningKey(BaseModel):
         match = _KEY_PATTERN.fullmatch(text)
         if match is None:
             raise ValueError(
-                f"not a tuning key: {text!r}; expected e.g. 'pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64'"
+                f"not a tuning key: {text!r}; expected e.g. 'dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64'"
             )
-        return cls.model_validate(match.groupdict())
+        parts = match.groupdict()
+        extents = {}
+        for item in parts.pop("extents").split("|"):
+            if item:
+                name, _, value = item.partition("=")
+                extents[name] = int(value)
+        return cls.model_validate({**parts, "extents": extents, "bucket": int(parts["bucket"])})
 
 
 def _parse_time(text: str) -> datetime:
@@ -90,7 +126,7 @@ def utc_now() -> str:
 
 
 class TuningEntry(BaseModel):
-    """The winner of one tuning run and how it compares with the heuristic default."""
+    """The winner of one tuning run, what it was measured against, and how it compares with the default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -103,19 +139,30 @@ class TuningEntry(BaseModel):
     trials: StrictInt = Field(ge=0)
     spec_hash: str = Field(min_length=1)
     source_hash: str = Field(min_length=1)
+    #: sha256 of the kernel's search-space declaration (`layoutgen.family.SearchSpace`).
+    space_hash: str = Field(min_length=1)
+    #: sha256 of the timing procedure it was ranked under (`layoutgen.tuning.timing.procedure_hash`).
+    timing_hash: str = Field(min_length=1)
+    #: major.minor of the software that compiled and timed it: {"triton": "3.6", "torch": "2.11"}.
+    versions: dict[str, str]
     measured_at: str
     #: Input sets the timing rotated over (`layoutgen.tuning.timing.rotating_sets`): the cache state the
-    #: config was ranked in.  A tuner whose rule gives another count for this key tunes it again; None is
-    #: an entry from before layoutgen recorded it.
-    rotating_sets: StrictInt | None = Field(default=None, ge=1)
-    #: The kernel's timing rule when it was ranked (`layoutgen.tuning.timing.TIMING_RULES`); None as above.
-    timing_rule: StrictInt | None = Field(default=None, ge=1)
+    #: config was ranked in.  A tuner whose rule gives another count for this key tunes it again.
+    rotating_sets: StrictInt = Field(ge=1)
 
     @field_validator("measured_at")
     @classmethod
     def _check_time(cls, value: str) -> str:
         _parse_time(value)
         return value
+
+    @field_validator("versions")
+    @classmethod
+    def _check_versions(cls, versions: dict[str, str]) -> dict[str, str]:
+        for name in ("triton", "torch"):
+            if not re.fullmatch(r"\d+\.\d+", versions.get(name, "")):
+                raise ValueError(f"versions must give {name} as major.minor (e.g. '3.6'); got {versions!r}")
+        return versions
 
     @property
     def measured_time(self) -> datetime:
@@ -127,15 +174,18 @@ class TuningDatabase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: StrictInt  # `true`, "1" or 1.0 are not version 1
+    schema_version: StrictInt  # `true`, "2" or 2.0 are not version 2
     device_name: str = Field(min_length=1)
     compute_capability: str
+    #: The software of the file's last write (each entry records what it was measured with).
     versions: dict[str, str] = Field(default_factory=dict)
     entries: dict[str, TuningEntry] = Field(default_factory=dict)
 
     @field_validator("schema_version")
     @classmethod
     def _check_schema(cls, value: int) -> int:
+        if value == 1:
+            raise ValueError(f"schema_version 1 was written by layoutgen 0.1; convert the file with `{MIGRATE_V1}`")
         if value != SCHEMA_VERSION:
             raise ValueError(
                 f"schema_version {value} is not the supported version {SCHEMA_VERSION}; "
@@ -152,6 +202,37 @@ class TuningDatabase(BaseModel):
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=2) + "\n"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a current entry must have been measured against (the running code and software)."""
+
+    spec_hash: str
+    source_hash: str
+    space_hash: str
+    timing_hash: str
+    versions: Mapping[str, str]
+
+
+def current_problems(entry: TuningEntry, expected: Expected) -> list[tuple[str, str]]:
+    """Why `entry` is not current: (reason, detail) pairs, empty when it is.  The reasons are stable words
+    ("spec", "kernel source", "search space", "timing procedure", "triton", "torch") so that a caller can
+    report each once."""
+    problems = []
+    for reason, held, now in (
+        ("spec", entry.spec_hash, expected.spec_hash),
+        ("kernel source", entry.source_hash, expected.source_hash),
+        ("search space", entry.space_hash, expected.space_hash),
+        ("timing procedure", entry.timing_hash, expected.timing_hash),
+    ):
+        if held != now:
+            problems.append((reason, f"tuned for another {reason} (hash {held[:12]}, now {now[:12]})"))
+    for name in ("triton", "torch"):
+        held, now = entry.versions.get(name, "?"), expected.versions.get(name, "?")
+        if held != now:
+            problems.append((name, f"tuned with {name} {held}, running {now}"))
+    return problems
 
 
 def device_file_name(device_name: str) -> str:
@@ -180,6 +261,12 @@ def _version(distribution: str) -> str:
         return "none"
 
 
+def major_minor(version: str) -> str:
+    """`"2.11.0+cu130"` -> `"2.11"` (what an entry is current against)."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return f"{match.group(1)}.{match.group(2)}" if match else version
+
+
 def software_versions() -> dict[str, str]:
     """The versions a tuning result depends on: layoutgen, triton, torch and CUDA."""
     import torch
@@ -194,12 +281,19 @@ def software_versions() -> dict[str, str]:
     }
 
 
+def entry_versions() -> dict[str, str]:
+    """major.minor of triton and torch, as entries record them."""
+    versions = software_versions()
+    return {"triton": major_minor(versions["triton"]), "torch": major_minor(versions["torch"])}
+
+
 def _problem(error: ValidationError) -> str:
     parts = []
-    for detail in error.errors():
+    for detail in error.errors()[:5]:
         where = ".".join(str(p) for p in detail["loc"]) or "file"
-        parts.append(f"{where}: {detail['msg']}")
-    return "; ".join(parts)
+        parts.append(f"{where}: {detail['msg'].removeprefix('Value error, ')}")
+    more = len(error.errors()) - 5
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 def parse_database(text: str, source: str) -> TuningDatabase:
@@ -216,16 +310,20 @@ def parse_database(text: str, source: str) -> TuningDatabase:
         return TuningDatabase.model_validate(data)
     except ValidationError as error:
         raise DatabaseError(f"tuning database {source} is invalid: {_problem(error)}") from None
+    except RecursionError:
+        raise DatabaseError(f"tuning database {source} is nested too deeply to be a database") from None
 
 
 def read_database(path: Path) -> TuningDatabase:
     """Read and validate one database file; raises DatabaseError naming the file and the problem."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DatabaseError(f"tuning database {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
+        raw = read_bounded(path, MAX_DATABASE_BYTES)
+        text = raw.decode("utf-8")
+    except FileRefused as refused:
+        missing = refused.reason == "no such file"
+        raise DatabaseError(f"tuning database {path} {'does not exist' if missing else refused.reason}") from None
+    except UnicodeDecodeError as error:
         raise DatabaseError(f"tuning database {path} cannot be read: {error}") from None
     return parse_database(text, str(path))
 
@@ -247,12 +345,27 @@ def merge_entries(old: dict[str, TuningEntry], new: Iterable[TuningEntry]) -> di
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """Replace `path` (a regular file or nothing) with `text`; the new file takes the old one's mode and,
+    where this process may, its owner, so a shared database stays readable by its other users."""
+    try:
+        previous: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        previous = None
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        if previous is not None:
+            os.chmod(temporary, stat.S_IMODE(previous.st_mode))
+            if hasattr(os, "chown") and (previous.st_uid, previous.st_gid) != (os.getuid(), os.getgid()):
+                with contextlib.suppress(PermissionError):  # only root may give a file away
+                    os.chown(temporary, previous.st_uid, previous.st_gid)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -262,6 +375,15 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
+
+
+def database_path(db_dir: Path, device_name: str) -> Path:
+    """The file `record` writes: `db_dir/<device>.json`, or the target of a symlink there (a shared
+    database linked into a user's directory receives the entry itself)."""
+    path = Path(db_dir) / device_file_name(device_name)
+    if path.is_symlink():
+        return Path(os.path.realpath(path))
+    return path
 
 
 def record(
@@ -278,13 +400,13 @@ def record(
     and is left as it is.
     """
     db_dir = Path(db_dir)
-    db_dir.mkdir(parents=True, exist_ok=True)
-    path = db_dir / device_file_name(device_name)
     for entry in entries:
         if not isinstance(entry, TuningEntry):
             raise TypeError(f"entries must be TuningEntry objects, got {type(entry).__name__}")
+    db_dir.mkdir(parents=True, exist_ok=True)
+    path = database_path(db_dir, device_name)
     with FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S):
-        if path.exists():
+        if os.path.lexists(path):
             existing = read_database(path)
             if existing.compute_capability != compute_capability:
                 raise DatabaseError(
@@ -305,12 +427,12 @@ def record(
     return path
 
 
-def batch_bucket(B: int, buckets: Iterable[int]) -> int:
-    """The smallest tuned bucket >= B, else the largest."""
+def pick_bucket(size: int, buckets: Iterable[int]) -> int:
+    """The smallest tuned bucket >= size, else the largest."""
     ordered = sorted(set(buckets))
     if not ordered:
-        raise ValueError("batch_bucket needs at least one tuned bucket")
+        raise ValueError("pick_bucket needs at least one tuned bucket")
     for bucket in ordered:
-        if bucket >= B:
+        if bucket >= size:
             return bucket
     return ordered[-1]

@@ -1,36 +1,26 @@
-"""Which launch config a pack / combine call gets when the caller passes `config=None`.
+"""Which launch config a kernel call gets when the caller passes `config=None`, for any family.
 
-In order: `LAYOUTGEN_CONFIG` (forced, JSON), then the tuning database of the
-tensors' device (`LAYOUTGEN_TUNING_DB`, then the packaged `tuning_db/`), then the
-heuristic default of `layoutgen.config`.  The database never raises on this
-path: a corrupt or foreign file, a stale entry or a missing shape is reported
-once with a `LayoutgenWarning` and skipped.  Callers cache the result per plan,
-so all of this runs once per shape.
+In order: `LAYOUTGEN_CONFIG` (forced, JSON by kernel name), then the tuning database of the tensors'
+device (`LAYOUTGEN_TUNING_DB`, then the packaged `tuning_db/`), then the family's heuristic default.
+The database never raises on this path: a corrupt, foreign or oversized file, a stale entry (another
+spec, kernel source, search space, timing procedure, triton or torch) or a missing shape is reported
+once per reason with a `LayoutgenWarning` and skipped.  Callers cache the result per plan, so all of
+this runs once per shape.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import threading
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from layoutgen import tuning_db
-from layoutgen.config import CONFIG_TYPES, KernelConfig, default_combine_config, default_pack_config
-from layoutgen.spec import LayoutSpec
-
-CONFIG_ENV = "LAYOUTGEN_CONFIG"
-TUNING_DB_ENV = "LAYOUTGEN_TUNING_DB"
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-#: CUDA's limit on a grid's y dimension, along which pack runs its batch blocks (the generated launcher
-#: refuses a config that needs more).
-MAX_GRID_Y = 65535
+from layoutgen.config import LaunchConfig
+from layoutgen.family import KernelDecl
+from layoutgen.settings import CONFIG, TUNING_DB, settings
 
 
 class LayoutgenWarning(UserWarning):
@@ -41,7 +31,8 @@ _lock = threading.Lock()
 _warned: set[tuple[Any, ...]] = set()
 _databases: dict[Path, tuning_db.TuningDatabase | None] = {}
 _indexes: dict[Path, dict[tuple[Any, ...], dict[int, tuning_db.TuningEntry]]] = {}
-_device_names: dict[torch.device, str] = {}
+_device_names: dict[Any, str] = {}
+_expected: dict[tuple[str, str, str], tuning_db.Expected] = {}
 
 
 def warn_once(reason: tuple[Any, ...], message: str) -> None:
@@ -60,14 +51,18 @@ def reset() -> None:
         _databases.clear()
         _indexes.clear()
         _device_names.clear()
+        _expected.clear()
 
 
 def database_dirs() -> list[Path]:
     """Where dispatch looks for `<device>.json`, first match per entry wins."""
     dirs = []
-    override = os.environ.get(TUNING_DB_ENV, "").strip()
-    if override:
-        dirs.append(Path(os.path.expanduser(override)))  # unlike Path.expanduser, never raises for `~nobody`
+    try:
+        override = settings.tuning_db
+    except ValueError:
+        override = None
+    if override is not None:
+        dirs.append(override)
     dirs.append(packaged_database_dir())
     return dirs
 
@@ -82,10 +77,12 @@ def packaged_database_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "_tuning_db"  # pyproject maps tuning_db/ there
 
 
-def device_name(device: torch.device) -> str:
+def device_name(device: Any) -> str:
     """The database device name: the CUDA device's name, or `cpu-interpreter` for CPU tensors."""
     name = _device_names.get(device)
     if name is None:
+        import torch
+
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else tuning_db.CPU_INTERPRETER_DEVICE
         _device_names[device] = name
     return name
@@ -105,59 +102,72 @@ def _database(path: Path) -> tuning_db.TuningDatabase | None:
             database = tuning_db.read_database(path)
         except tuning_db.DatabaseError as error:
             warn_once(("corrupt", path), f"ignoring the tuning database: {error}")
+        except (MemoryError, RecursionError) as error:  # dispatch must never raise because of a database
+            warn_once(("corrupt", path), f"ignoring the tuning database {path}: {type(error).__name__}")
     index: dict[tuple[Any, ...], dict[int, tuning_db.TuningEntry]] = {}
     if database is not None:
         for entry in database.entries.values():
-            key = entry.key
-            group = (key.spec, key.kernel, key.N, key.heads_per_peer, key.D, key.dtype)
-            index.setdefault(group, {})[key.batch_bucket] = entry
+            index.setdefault(entry.key.group(), {})[entry.key.bucket] = entry
     with _lock:
         _databases[path] = database
         _indexes[path] = index
     return database
 
 
+def expected_for(kernel: KernelDecl, spec_hash: str, source_hash: str) -> tuning_db.Expected:
+    """What a current entry of `kernel` must record, for the running code and software (cached)."""
+    key = (kernel.name, spec_hash, source_hash)
+    expected = _expected.get(key)
+    if expected is None:
+        from layoutgen.tuning.procedure import space_hash, timing_hash
+
+        expected = tuning_db.Expected(
+            spec_hash, source_hash, space_hash(kernel), timing_hash(kernel), tuning_db.entry_versions()
+        )
+        _expected[key] = expected
+    return expected
+
+
 def _config_from_entry(
-    entry: tuning_db.TuningEntry, path: Path, kind: type[KernelConfig], spec_hash: str, source_hash: str
-) -> KernelConfig | None:
+    entry: tuning_db.TuningEntry, path: Path, kernel: KernelDecl, expected: tuning_db.Expected
+) -> LaunchConfig | None:
     name = entry.key.as_str()
-    if entry.spec_hash != spec_hash or entry.source_hash != source_hash:
-        stale = "spec" if entry.spec_hash != spec_hash else "generated source"
+    problems = current_problems(entry, expected)
+    if problems:
+        reason, detail = problems[0]
         warn_once(
-            ("stale", path, name),
-            f"ignoring tuning entry {name!r} in {path}: it was tuned for another {stale} "
-            f"(hash {getattr(entry, 'spec_hash' if stale == 'spec' else 'source_hash')[:12]}, now "
-            f"{(spec_hash if stale == 'spec' else source_hash)[:12]}); re-run `layoutgen tune`",
+            ("stale", reason, path, entry.key.group()),
+            f"ignoring tuning entries like {name!r} in {path}: {detail}; re-run `layoutgen tune`",
         )
         return None
     try:
-        return kind.from_dict(entry.config)
+        return kernel.config_type.from_dict(entry.config)
     except (TypeError, ValueError) as error:
         warn_once(("bad-config", path, name), f"ignoring tuning entry {name!r} in {path}: {error}")
         return None
 
 
+current_problems = tuning_db.current_problems
+
+
 def tuned_config(
-    spec: LayoutSpec,
-    kernel: str,
-    device: torch.device,
-    N: int,
-    heads_per_peer: int,
-    D: int,
-    dtype: torch.dtype,
-    batch: int,
-    spec_hash: str,
-    source_hash: str,
-) -> KernelConfig | None:
+    family: str,
+    spec_name: str,
+    kernel: KernelDecl,
+    device: Any,
+    extents: dict[str, int],
+    dtype: str,
+    size: int,
+    expected: tuning_db.Expected,
+) -> LaunchConfig | None:
     """The tuned config for this shape from the first database that has a current one, else None (warned)."""
-    kind = CONFIG_TYPES[kernel]
     try:
         name = device_name(device)
         file_name = tuning_db.device_file_name(name)
     except Exception as error:  # the device query must not break serving
         warn_once(("device", str(device)), f"cannot name the tuning database of {device}: {error}")
         return None
-    group = (spec.name, kernel, N, heads_per_peer, D, _DTYPE_NAMES.get(dtype, str(dtype)))
+    group = (family, spec_name, kernel.name, tuple(extents.items()), dtype)
     dirs = database_dirs()
     found_file = False
     skipped_entry = False  # a stale or invalid entry was already reported: no second warning for this call
@@ -169,8 +179,8 @@ def tuned_config(
         buckets = _indexes[path].get(group)
         if not buckets:
             continue
-        entry = buckets[tuning_db.batch_bucket(batch, buckets)]
-        config = _config_from_entry(entry, path, kind, spec_hash, source_hash)
+        entry = buckets[tuning_db.pick_bucket(size, buckets)]
+        config = _config_from_entry(entry, path, kernel, expected)
         if config is not None:
             return config
         skipped_entry = True
@@ -183,95 +193,94 @@ def tuned_config(
         warn_once(
             ("no-device", file_name, tuple(dirs)),
             f"no tuning database {file_name} for device {name!r} in {searched}; using heuristic default "
-            f"configs (tune with `layoutgen tune`, or point {TUNING_DB_ENV} at a directory holding one)",
+            f"configs (tune with `layoutgen tune`, or point {TUNING_DB.name} at a directory holding one)",
         )
     else:
-        shape = "|".join([group[0], kernel, f"N={N}", f"Hl={heads_per_peer}", f"D={D}", group[5]])
+        shape = "|".join([family, spec_name, kernel.name, *(f"{k}={v}" for k, v in extents.items()), dtype])
         warn_once(
             ("no-shape", file_name, group),
-            f"no current tuning entry for {shape} (any batch) in {file_name} ({searched}); using the heuristic "
+            f"no current tuning entry for {shape} (any size) in {file_name} ({searched}); using the heuristic "
             "default config",
         )
     return None
 
 
-@dataclass(frozen=True)
-class ForcedConfigs:
-    """The parsed `LAYOUTGEN_CONFIG`: per kernel, fields that override the heuristic default."""
-
-    text: str
-    fields: dict[str, dict[str, int]]
+_forced: dict[str, dict[str, dict[str, int]]] = {}
 
 
-_forced: dict[str, ForcedConfigs] = {}
+def _depth_ok(value: Any, limit: int = 3) -> bool:
+    """Whether a parsed JSON value nests no deeper than `limit` (a config is {kernel: {field: int}})."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(item, dict):
+            stack += [(child, depth + 1) for child in item.values()]
+        elif isinstance(item, list):
+            stack += [(child, depth + 1) for child in item]
+    return True
 
 
-def forced_fields(kernel: str) -> dict[str, int] | None:
+def forced_fields(kernel: KernelDecl) -> dict[str, int] | None:
     """The fields `LAYOUTGEN_CONFIG` forces for `kernel`, or None when it forces nothing for it.
 
-    Format: a JSON object with optional keys "pack" and "combine", each an object of config fields,
-    e.g. `{"pack": {"block_head": 4, "num_warps": 4}, "combine": {"num_warps": 8}}`.  Fields not given
-    keep the heuristic default's value.  A malformed value raises ValueError: it is a debugging switch
-    that someone set on purpose.
+    Format: a JSON object whose keys are kernel names, each an object of config fields, e.g.
+    `{"pack": {"block_head": 4, "num_warps": 4}, "combine": {"num_warps": 8}}`.  Fields not given keep the
+    heuristic default's value.  A malformed value raises ValueError: it is a debugging switch that someone
+    set on purpose.
     """
-    text = os.environ.get(CONFIG_ENV, "").strip()
+    text = settings.config
     if not text:
         return None
     parsed = _forced.get(text)
     if parsed is None:
+        if text.count("[") + text.count("{") > 1000:
+            raise ValueError(f"{CONFIG.name} nests far deeper than a config; got {text[:80]!r}...")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{CONFIG_ENV} is not valid JSON: {error}; got {text!r}") from None
-        if not isinstance(data, dict) or set(data) - set(CONFIG_TYPES):
+            raise ValueError(f"{CONFIG.name} is not valid JSON: {error}; got {text[:200]!r}") from None
+        except RecursionError:
+            raise ValueError(f"{CONFIG.name} nests far deeper than a config; got {text[:80]!r}...") from None
+        if not isinstance(data, dict) or not _depth_ok(data):
             raise ValueError(
-                f"{CONFIG_ENV} must be a JSON object with keys among {sorted(CONFIG_TYPES)}, e.g. "
-                f'{{"pack": {{"num_warps": 4}}}}; got {text!r}'
+                f"{CONFIG.name} must be a JSON object of kernel names to config fields, e.g. "
+                f'{{"pack": {{"num_warps": 4}}}}; got {text[:200]!r}'
             )
-        fields: dict[str, dict[str, int]] = {}
         for name, value in data.items():
-            known = {field.name for field in dataclasses.fields(CONFIG_TYPES[name])}
-            if not isinstance(value, dict) or set(value) - known:
-                raise ValueError(
-                    f"{CONFIG_ENV}[{name!r}] must be an object with fields among {sorted(known)}; got {value!r}"
-                )
-            fields[name] = value
-        parsed = ForcedConfigs(text, fields)
+            if not isinstance(value, dict):
+                raise ValueError(f"{CONFIG.name}[{name!r}] must be an object of config fields; got {value!r}")
+        parsed = data
         _forced[text] = parsed
-    return parsed.fields.get(kernel)
+    fields = parsed.get(kernel.name)
+    if fields is None:
+        return None
+    known = set(kernel.config_type.field_names())
+    if set(fields) - known:
+        raise ValueError(f"{CONFIG.name}[{kernel.name!r}] must hold fields among {sorted(known)}; got {fields!r}")
+    return dict(fields)
 
 
 def resolve_config(
-    spec: LayoutSpec,
-    kernel: str,
-    device: torch.device,
-    N: int,
-    heads_per_peer: int,
-    D: int,
-    dtype: torch.dtype,
-    batch: int,
-    elem_size: int,
+    family: str,
+    spec_name: str,
+    kernel: KernelDecl,
+    device: Any,
+    extents: dict[str, int],
+    dtype: str,
+    size: int,
     spec_hash: str,
     source_hash: str,
-) -> KernelConfig:
-    """The config for `config=None`: forced, else tuned, else the heuristic default."""
-    default_for = default_pack_config if kernel == "pack" else default_combine_config
+    default: Callable[[], LaunchConfig],
+) -> LaunchConfig:
+    """The config for `config=None`: forced, else tuned, else the family's heuristic default."""
     forced = forced_fields(kernel)
     if forced is not None:
-        base = default_for(spec, N, heads_per_peer, D, max(batch, 1), elem_size)
         try:
-            return CONFIG_TYPES[kernel].from_dict({**base.as_dict(), **forced})
+            return kernel.config_type.from_dict({**default().as_dict(), **forced})
         except (TypeError, ValueError) as error:
-            raise ValueError(f"{CONFIG_ENV} forces an invalid {kernel} config: {error}") from None
-    tuned = tuned_config(spec, kernel, device, N, heads_per_peer, D, dtype, batch, spec_hash, source_hash)
-    chosen = tuned if tuned is not None else default_for(spec, N, heads_per_peer, D, max(batch, 1), elem_size)
-    return fit_grid(chosen, batch) if kernel == "pack" else chosen
-
-
-def fit_grid(config: KernelConfig, batch: int) -> KernelConfig:
-    """A pack config whose batch blocks fit the grid's y axis: past MAX_GRID_Y x block_batch rows (a batch
-    no decode step reaches, but dispatch must not fail on it) the rows per program double until they fit."""
-    block_batch = config.block_batch
-    while -(-batch // block_batch) > MAX_GRID_Y:
-        block_batch *= 2
-    return config if block_batch == config.block_batch else dataclasses.replace(config, block_batch=block_batch)
+            raise ValueError(f"{CONFIG.name} forces an invalid {kernel.name} config: {error}") from None
+    expected = expected_for(kernel, spec_hash, source_hash)
+    tuned = tuned_config(family, spec_name, kernel, device, extents, dtype, size, expected)
+    return tuned if tuned is not None else default()

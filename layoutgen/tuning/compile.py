@@ -6,16 +6,17 @@ swapped for a warm-up proxy: Triton binds the arguments exactly as a real
 launch would (meta tensors specialise like 16-byte aligned pointers), compiles,
 and writes the binary to its cache without launching anything.  The tuner's
 own launch of the same (config, specialisation) then loads it from the cache
-in milliseconds.  The live batch is a run-time argument the kernels do not
-specialise on, so one compile serves every batch bucket whose buffers have the
-same capacity class (B_max == 1, B_max % 16 == 0, other).
+in milliseconds.  Generated kernels do not specialise on the live size, so one
+compile serves every bucket whose buffers have the same capacity class
+(== 1, % 16 == 0, other).  A generated module names each kernel `_<kernel>_kernel`
+and its launcher `_launch_<kernel>`, which takes the kernel as `kernel=`; the
+family's `compile_variant` builds the `meta` arguments and calls the launcher.
 
 Under the Triton interpreter nothing compiles; the pool is not started.
 """
 
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import os
 import signal
@@ -25,45 +26,30 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-INT32_LIMIT = 2**31
 
-
-def batch_class(batch: int) -> str:
+def integer_class(value: int) -> str:
     """Triton's specialisation of an integer argument: 1 is a constant, multiples of 16 are aligned."""
-    if batch == 1:
+    if value == 1:
         return "one"
-    return "div16" if batch % 16 == 0 else "plain"
+    return "div16" if value % 16 == 0 else "plain"
 
 
 @dataclass(frozen=True)
 class CompileJob:
-    """One kernel variant: what the launcher sees, in plain picklable values."""
+    """One kernel variant, in plain picklable values: the family's `compile_variant` reads `args`."""
 
     module_path: str
     kernel: str
-    N: int
-    H: int
-    D: int
-    dtype: str
-    capacity: int
-    batch: int
+    #: What the launcher sees, as the family's workload describes it (shapes, dtypes, capacities).
+    args: tuple[tuple[str, Any], ...]
     config: tuple[tuple[str, int], ...]
+    #: What reaches the compiled code (e.g. a capacity's integer class, not the capacity): one compile
+    #: serves every job with the same variant.
+    variant_args: tuple[Any, ...]
 
     @property
     def variant(self) -> tuple[Any, ...]:
-        # Only the capacity's integer specialisation reaches the compiled code (the kernels do not specialise
-        # on the live batch).
-        return (self.module_path, self.kernel, self.N, self.H, self.D, self.dtype,
-                batch_class(self.capacity), self.config)  # fmt: skip
-
-
-def needs_int64(*tensors: Any) -> bool:
-    """The runtime's rule for 64-bit indexing: an offset or a size reaches 2**31 elements."""
-    for tensor in tensors:
-        offset = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size)
-        if offset >= INT32_LIMIT or tensor.numel() >= INT32_LIMIT:
-            return True
-    return False
+        return (self.module_path, self.kernel, self.variant_args, self.config)
 
 
 class _WarmupOnly:
@@ -89,39 +75,18 @@ class CompileError:
 
 def compile_variant(job: CompileJob) -> CompileError | None:
     """Compile one variant in this process (a pool worker); None on success."""
-    import torch
     from triton.errors import TritonError
 
-    from layoutgen.config import CONFIG_TYPES
-    from layoutgen.layout import LayoutBuffers
+    from layoutgen.family import get_family
     from layoutgen.loader import load_path
 
     try:
         module = _modules.get(job.module_path)
         if module is None:
             module = _modules[job.module_path] = load_path(Path(job.module_path))
-        dtype = getattr(torch, job.dtype)
-        config = CONFIG_TYPES[job.kernel].from_dict(dict(job.config))
-        bufs = LayoutBuffers.allocate(module.SPEC, job.N, job.capacity, job.H, job.D, dtype, "meta")
-        name = "_pack_kernel" if job.kernel == "pack" else "_combine_kernel"
-        warm = _WarmupOnly(getattr(module, name))
-        if job.kernel == "pack":
-            out = torch.empty(job.batch, job.H, job.D, dtype=dtype, device="meta")
-            lse = torch.empty(job.batch, job.H, dtype=torch.float32, device="meta")
-            args: tuple[Any, ...] = (out, lse, bufs, job.batch, config, needs_int64(out, lse, *bufs.tensors.values()))
-            launcher = module._launch_pack
-        else:
-            out = torch.empty(job.batch, job.H // job.N, job.D, dtype=dtype, device="meta")
-            args = (bufs, job.batch, out, None, False, config, needs_int64(out, *bufs.tensors.values()))
-            launcher = module._launch_combine
-        if "kernel" in inspect.signature(launcher).parameters:
-            launcher(*args, kernel=warm)
-        else:  # launchers that read the module global
-            setattr(module, name, warm)
-            try:
-                launcher(*args)
-            finally:
-                setattr(module, name, warm.kernel)
+        family = get_family(module.SPEC.family)
+        warm = _WarmupOnly(getattr(module, f"_{job.kernel}_kernel"))
+        family.compile_variant(module, {"kernel": job.kernel, "config": dict(job.config), **dict(job.args)}, warm)
     except Exception as error:  # reported as the trial's failure reason, never raised across the pool
         return CompileError(f"{type(error).__name__}: {error}", isinstance(error, TritonError))
     return None

@@ -19,11 +19,11 @@ class ResultRow:
 
     spec: str
     kernel: str
-    N: int
-    heads_per_peer: int
-    D: int
+    #: The key extents, e.g. (("N", 2), ("Hl", 16), ("D", 512)).
+    extents: tuple[tuple[str, int], ...]
     dtype: str
-    batch: int
+    bucket_name: str
+    bucket: int
     mode: str
     trials: int
     chosen: str | None
@@ -32,6 +32,10 @@ class ResultRow:
     bytes_moved: int | None
     copy_tbps: float | None
     reason: str
+
+    @property
+    def shape(self) -> str:
+        return " ".join(f"{name}={value}" for name, value in self.extents)
 
     @property
     def speedup(self) -> float | None:
@@ -57,11 +61,10 @@ class ResultRow:
         return cls(
             spec=meta["spec"],
             kernel=meta["kernel"],
-            N=meta["N"],
-            heads_per_peer=meta["heads_per_peer"],
-            D=meta["D"],
+            extents=tuple(meta["extents"].items()),
             dtype=meta["dtype"],
-            batch=meta["batch"],
+            bucket_name=meta["bucket_name"],
+            bucket=meta["bucket"],
             mode=meta["mode"],
             trials=int(final.get("trials", evaluated)),
             chosen=final.get("chosen"),
@@ -75,11 +78,9 @@ class ResultRow:
 
 COLUMNS = (
     "kernel",
-    "N",
-    "H/N",
-    "D",
+    "shape",
     "dtype",
-    "B",
+    "size",
     "search",
     "default µs",
     "tuned µs",
@@ -98,11 +99,9 @@ def row_cells(row: ResultRow) -> list[str]:
     fraction = row.copy_fraction
     return [
         row.kernel,
-        str(row.N),
-        str(row.heads_per_peer),
-        str(row.D),
+        row.shape,
         row.dtype,
-        str(row.batch),
+        f"{row.bucket_name}={row.bucket}",
         f"{row.mode} {row.trials}",
         _number(row.default_us),
         _number(row.median_us),
@@ -118,7 +117,7 @@ def by_spec(rows: list[ResultRow]) -> dict[str, list[ResultRow]]:
     for row in rows:
         grouped[row.spec].append(row)
     for spec_rows in grouped.values():
-        spec_rows.sort(key=lambda r: (r.kernel != "pack", r.N, r.heads_per_peer, r.D, r.dtype, r.batch))
+        spec_rows.sort(key=lambda r: (r.kernel, r.extents, r.dtype, r.bucket))
     return dict(sorted(grouped.items()))
 
 
@@ -141,7 +140,7 @@ def summary_lines(rows: list[ResultRow]) -> list[str]:
     """Per spec and kernel: geometric-mean speed-up over the default and how often the tuned config won."""
     lines = []
     for spec, spec_rows in by_spec(rows).items():
-        for kernel in ("pack", "combine"):
+        for kernel in dict.fromkeys(r.kernel for r in spec_rows):
             ratios = [r.speedup for r in spec_rows if r.kernel == kernel and r.speedup]
             if not ratios:
                 continue

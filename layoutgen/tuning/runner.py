@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
-from layoutgen.tuning.plan import TuneOptions, database_entries, decided, make_targets, study_name, tuning_key
+from layoutgen.signals import sigterm_interrupts
+from layoutgen.tuning.plan import TuneOptions, database_entries, decided, make_targets, study_name, target_buckets
+from layoutgen.tuning.procedure import MAX_ROTATING_SETS
 from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables, summary_lines
+from layoutgen.tuning.results import collect, study_state
 from layoutgen.tuning.storage import describe_storage, open_storage
-from layoutgen.tuning.timing import MAX_ROTATING_SETS
+from layoutgen.tuning.worker import GATE_FAILURE_EXIT
 
-#: Exit code of a worker that found a config failing the correctness gate.
-GATE_FAILURE_EXIT = 3
 POLL_INTERVAL_S = 3.0
 
 
@@ -61,20 +63,6 @@ def resolve_workers(value: str, interpret: bool) -> int:
     return workers
 
 
-def _study_state(storage: Any, name: str) -> tuple[dict[str, Any], dict[str, Any] | None, int, float | None]:
-    from layoutgen.tuning.study import EVALUATED
-
-    study_id = storage.get_study_id_from_name(name)
-    attrs = storage.get_study_user_attrs(study_id)
-    trials = storage.get_all_trials(study_id, deepcopy=False)
-    results = [t.user_attrs.get("result") or {} for t in trials]
-    evaluated = sum(1 for r in results if r.get("outcome") in EVALUATED)
-    # A worker records a trial's result before it tells optuna the value: skip those not told yet.
-    measured = (t.value for t, r in zip(trials, results, strict=True) if r.get("outcome") == "measured")
-    best = min((value for value in measured if value is not None), default=None)
-    return attrs["layoutgen"], attrs.get("final"), evaluated, best
-
-
 def device_l2(options: TuneOptions) -> int:
     """The L2 size the workers' timing rotation is sized by (0 under the interpreter: one input set)."""
     if options.interpret:
@@ -91,7 +79,9 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     an interrupted family decided) and returns what the tables show."""
     import optuna
 
-    from layoutgen.tuning.study import device_identity, prepare_study, run_worker
+    from layoutgen.tuning.context import device_identity
+    from layoutgen.tuning.prepare import prepare_study
+    from layoutgen.tuning.worker import run_worker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if options.interpret:
@@ -99,63 +89,68 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
         os.environ["TRITON_INTERPRET"] = "1"
     device_name, capability = device_identity(options)
     targets = make_targets(options)
-    buckets = sorted(set(options.buckets))
-    held = database_entries(options.db_dir, device_name, targets, buckets) if options.db_dir is not None else {}
+
+    def buckets_of(target: Any) -> list[int]:
+        return target_buckets(options, target)
+
+    total = sum(len(buckets_of(target)) for target in targets)
+    held = database_entries(options.db_dir, device_name, targets, options) if options.db_dir is not None else {}
     if not options.retune:
         l2_bytes = device_l2(options)
         current: list[str] = []
         retimed = 0
-        for name, (target, batch, entry) in held.items():
-            if decided(entry, target, batch, l2_bytes):
+        for name, (target, bucket, entry) in held.items():
+            if decided(entry, target, bucket, l2_bytes):
                 current.append(name)
             elif (entry.spec_hash, entry.source_hash) == (target.spec_hash, target.source_hash):
-                retimed += 1  # the same kernel, timed under other conditions
+                retimed += 1  # the same kernel, timed or searched under other conditions
         current.sort()
         if current:
             options = dataclasses.replace(options, skip=tuple(current))
             console.print(
-                f"{len(current)} of {len(targets) * len(buckets)} studies already have a current decision in "
+                f"{len(current)} of {total} studies already have a current decision in "
                 f"{options.db_dir}: skipped (--retune tunes them again)"
             )
         if retimed:
             console.print(
-                f"{retimed} database entries were timed under other conditions than this tuner's (another "
-                "number of rotating input sets or another timing rule, or not recorded): tuned again"
+                f"{retimed} database entries were tuned under other conditions than this tuner's (another "
+                "search space, timing procedure, number of rotating input sets, triton or torch): tuned again"
             )
     storage = open_storage(options.storage)
     names = []
     skip = set(options.skip)
-    with console.status(f"preparing {len(targets) * len(buckets)} studies in {describe_storage(options.storage)}"):
+    with console.status(f"preparing {total} studies in {escape(describe_storage(options.storage))}"):
         for target in targets:
-            for batch in buckets:
-                name = study_name(device_name, target, batch)
+            for bucket in buckets_of(target):
+                name = study_name(device_name, target, bucket)
                 if name in skip:
                     continue
                 recorded = held[name][2].config if name in held else None
-                prepare_study(storage, options, device_name, target, batch, recorded)
+                prepare_study(storage, options, device_name, target, bucket, recorded)
                 names.append(name)
     if not names:
         console.print("nothing to tune: every study of this run is decided in the database")
         return RunSummary([], device_name, None, 0, 0)
     console.print(
-        f"tuning {len(names)} studies ({len(targets)} compiled families x {len(buckets)} batch buckets"
-        + (f", less {len(skip)} decided" if skip else "")
-        + ") on "
-        f"{device_name}; studies in {describe_storage(options.storage)}; {options.workers} worker(s)"
+        escape(
+            f"tuning {len(names)} studies ({len(targets)} compiled families and their size buckets"
+            + (f", less {len(skip)} decided" if skip else "")
+            + f") on {device_name}; studies in {describe_storage(options.storage)}; {options.workers} worker(s)"
+        )
     )
     gate_failures = 0
     worker_errors: list[str] = []
     interrupted = False
     reporter = ProgressReporter(console, total=len(names))
     try:
-        with reporter, _sigterm_interrupts():
+        with reporter, sigterm_interrupts():
             if options.workers <= 1:
                 gate_failures = run_worker(options, 0, reporter, storage)
             else:
                 gate_failures, worker_errors = _run_workers(options, storage, names, reporter)
     except KeyboardInterrupt:
         interrupted = True
-    rows, entries = collect(storage, names, targets, buckets, device_name)
+    rows, entries = collect(storage, names, targets, device_name, buckets_of)
     db_path = None
     if entries and options.db_dir is not None:
         from layoutgen.tuning_db import record
@@ -189,41 +184,6 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
         Path(options.report).write_text(markdown(rows, header) + "\n", encoding="utf-8")
     unfinished = sum(1 for row in rows if row.chosen is None)
     return RunSummary(rows, device_name, db_path, gate_failures, unfinished, worker_errors, interrupted)
-
-
-def collect(
-    storage: Any, names: list[str], targets: list[Any], buckets: list[int], device_name: str
-) -> tuple[list[ResultRow], list[Any]]:
-    """Result rows for every study and database entries for every decided one."""
-    from layoutgen.tuning_db import TuningEntry
-
-    rows, entries = [], []
-    for target in targets:
-        for batch in buckets:
-            name = study_name(device_name, target, batch)
-            if name not in names:
-                continue
-            meta, final, evaluated, _ = _study_state(storage, name)
-            rows.append(ResultRow.from_study(meta, final, evaluated))
-            if not final or not final.get("chosen"):
-                continue
-            entries.append(
-                TuningEntry(
-                    key=tuning_key(target, batch),
-                    config=final["config"],
-                    median_us=final["median_us"],
-                    p20_us=final["p20_us"],
-                    p80_us=final["p80_us"],
-                    default_us=final["default_us"],
-                    trials=final["trials"],
-                    spec_hash=target.spec_hash,
-                    source_hash=target.source_hash,
-                    measured_at=final["measured_at"],
-                    rotating_sets=final["sets"],
-                    timing_rule=final["timing_rule"],
-                )
-            )
-    return rows, entries
 
 
 def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter: Any) -> tuple[int, list[str]]:
@@ -265,42 +225,10 @@ def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter:
 def _poll(storage: Any, pending: set[str], reporter: Any) -> set[str]:
     still = set()
     for name in sorted(pending):
-        meta, final, evaluated, best = _study_state(storage, name)
-        label = f"{meta['spec']} {meta['kernel']} N={meta['N']} H/N={meta['heads_per_peer']} D={meta['D']} B={meta['batch']}"
+        meta, final, evaluated, best = study_state(storage, name)
+        shape = " ".join(f"{k}={v}" for k, v in meta["extents"].items())
+        label = f"{meta['spec']} {meta['kernel']} {shape} {meta['dtype']} {meta['bucket_name']}={meta['bucket']}"
         reporter.update(name, label, evaluated, int(meta["budget"]), best, bool(final))
         if not final:
             still.add(name)
     return still
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (a job limit, `timeout`) stops the search like Ctrl-C: in-flight trials are marked
-    interrupted and what was decided is still written."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def worker_main(argv: list[str]) -> int:
-    """Entry of a worker process: `python -m layoutgen.tuning.worker INDEX OPTIONS_JSON`."""
-    from layoutgen.tuning.study import QuietReporter, run_worker
-
-    index, options = int(argv[0]), TuneOptions.from_json(argv[1])
-    if options.interpret:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        with _sigterm_interrupts():
-            gate_failures = run_worker(options, index, QuietReporter())
-    except KeyboardInterrupt:
-        return 130
-    return GATE_FAILURE_EXIT if gate_failures else 0

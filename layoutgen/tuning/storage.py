@@ -7,18 +7,17 @@ default journal is `<cache>/tuning/studies.journal`.  A `--storage` value with `
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-CACHE_DIR_ENV = "LAYOUTGEN_CACHE_DIR"
+from layoutgen.settings import settings
 
 
 def cache_dir() -> Path:
     """layoutgen's cache root (studies, generated modules of user spec files)."""
-    override = os.environ.get(CACHE_DIR_ENV, "").strip()
-    if override:
-        return Path(override).expanduser()
+    override = settings.cache_dir
+    if override is not None:
+        return override
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("layoutgen"))

@@ -24,34 +24,15 @@ from dataclasses import dataclass
 
 import torch
 
-#: Work per captured graph: enough calls that the graph launch (~2-3 µs) is amortised.
-GRAPH_TARGET_US = 200.0
-MAX_CALLS_PER_GRAPH = 64
-#: Samples per candidate (each a replay of ~GRAPH_TARGET_US), cut short for hopeless candidates.  The search
-#: only ranks candidates; the winner and the default are re-timed together with INTERLEAVED_REPEATS each.
-REPEATS = 30
-MIN_REPEATS = 8
-#: Interleaved replays per side when the winner and the default are re-timed together.
-INTERLEAVED_REPEATS = 100
-
-#: Timing inputs rotate over several sets until together they span this many L2 caches, so a small problem is
-#: not timed from a cache that serving would not have ...
-ROTATE_L2_MULTIPLE = 2
-#: ... but over at most this many sets: in serving, pack reads `out` right after attention wrote it and combine
-#: reads what the exchange just delivered, so a small problem's inputs are still in the L2.  Up to B = 64 at
-#: H = 128, eight sets fit in the H200's L2.  With 64 sets (DRAM-cold) the tuner ranked configs for a cache
-#: state no caller sees: pynccl_a2a combine N 4 B 8, its winner took 2.30 µs timed over 64 sets and 1.59 over
-#: 8, where the best config over 8 sets took 1.31 (probe_space_pynccl_a2a_H200.json).  One rule for the tuner
-#: and `benchmarks/bench_dcp.py`, so the benchmark measures the conditions the tuner ranked under.
-MAX_ROTATING_SETS = 8
-
-#: What a kernel's timing launches write, versioned per kernel; a database entry records the rule it was
-#: ranked under, and `layoutgen tune` ranks an entry of another rule again.  Pack (1) writes each rotating
-#: set's own send buffers.  Combine (2) writes one output for every set, as `bench_dcp.py` does and as
-#: serving does (a static output under CUDA graphs); rule 1 gave each set its own output, so at B = 64
-#: every call's writes went to DRAM: two vllm_a2a configs (N 2) took 4.87 and 5.00 µs in the tuner and
-#: 4.27 and 4.53 µs in the benchmark.
-TIMING_RULES: dict[str, int] = {"pack": 1, "combine": 2}
+from layoutgen.tuning.procedure import (
+    GRAPH_TARGET_US,
+    INTERLEAVED_REPEATS,
+    MAX_CALLS_PER_GRAPH,
+    MAX_ROTATING_SETS,
+    MIN_REPEATS,
+    REPEATS,
+    ROTATE_L2_MULTIPLE,
+)
 
 Launch = Callable[[int], object]
 

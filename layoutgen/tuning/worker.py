@@ -1,10 +1,95 @@
-"""`python -m layoutgen.tuning.worker INDEX OPTIONS_JSON`: one tuning worker (one GPU) of a run."""
+"""One tuning worker (one GPU) of a run: `python -m layoutgen.tuning.worker INDEX OPTIONS_JSON`, or
+`run_worker` in the run's own process."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from typing import Any
 
-from layoutgen.tuning.runner import worker_main
+import optuna
+
+from layoutgen.tuning.context import QuietReporter, Reporter, make_context, phase_summary
+from layoutgen.tuning.objective import Target
+from layoutgen.tuning.plan import TuneOptions, study_name
+from layoutgen.tuning.search import SLOW_FIRST_LAUNCH_S, search_family
+
+#: Exit code of a worker that found a config failing the correctness gate.
+GATE_FAILURE_EXIT = 3
+
+
+def record_family(ctx: Context, target: Target, buckets: list[int]) -> None:
+    """Write a family's decisions as soon as it is searched: a run that dies later (a lent GPU host taken
+    back, SIGKILL) keeps them, and a re-run skips them even without the study storage."""
+    if ctx.options.db_dir is None:
+        return
+    from pathlib import Path
+
+    from layoutgen.tuning.results import collect
+    from layoutgen.tuning_db import record
+
+    names = [study_name(ctx.device_name, target, bucket) for bucket in buckets]
+    _, entries = collect(ctx.storage, names, [target], ctx.device_name, lambda _: buckets)
+    if entries:
+        record(Path(ctx.options.db_dir), ctx.device_name, ctx.compute_capability, entries)
+
+
+
+
+def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, storage: Any = None) -> int:
+    """Search every family of the run (starting at this worker's share); returns the gate failures."""
+    from layoutgen.tuning.plan import make_targets, target_buckets
+    from layoutgen.tuning.storage import open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = storage if storage is not None else open_storage(options.storage)
+    ctx = make_context(options, storage, reporter)
+    skip = set(options.skip)
+    families = [
+        (target, [b for b in target_buckets(options, target) if study_name(ctx.device_name, target, b) not in skip])
+        for target in make_targets(options)
+    ]
+    families = [(target, buckets) for target, buckets in families if buckets]  # all decided: nothing to compile
+    start = (worker_index * len(families)) // max(1, options.workers)
+    ordered = families[start:] + families[:start]
+    budget_per_family = None if options.time_budget_s is None else options.time_budget_s / max(1, len(families))
+    started = time.perf_counter()
+    try:
+        for target, buckets in ordered:
+            deadline = None if budget_per_family is None else time.monotonic() + budget_per_family
+            search_family(ctx, target, buckets, deadline)
+            record_family(ctx, target, buckets)
+            if ctx.device.type == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()
+    finally:
+        ctx.pool.close()
+    if ctx.trials_evaluated:
+        reporter.info(phase_summary(ctx, time.perf_counter() - started))
+    if ctx.pool.workers and ctx.variants_seen:
+        reporter.info(
+            f"compile pool: {ctx.pool.submitted} kernel variants compiled ahead; {ctx.slow_first_launches} of "
+            f"{len(ctx.variants_seen)} first launches took over {SLOW_FIRST_LAUNCH_S} s (compiled in this process)"
+        )
+    return ctx.gate_failures
+
+
+def worker_main(argv: list[str]) -> int:
+    """Entry of a worker process: `python -m layoutgen.tuning.worker INDEX OPTIONS_JSON`."""
+    from layoutgen.signals import sigterm_interrupts
+
+    index, options = int(argv[0]), TuneOptions.from_json(argv[1])
+    if options.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        with sigterm_interrupts():
+            gate_failures = run_worker(options, index, QuietReporter())
+    except KeyboardInterrupt:
+        return 130
+    return GATE_FAILURE_EXIT if gate_failures else 0
+
 
 if __name__ == "__main__":
     sys.exit(worker_main(sys.argv[1:]))

@@ -1,7 +1,4 @@
-"""`layoutgen db show` and `layoutgen db check`: read and validate the tuning database.
-
-Registered on the main app by `layoutgen.cli` (`app.add_typer(db_app, name="db")`).
-"""
+"""`layoutgen db show` and `layoutgen db check`: read and validate the tuning database."""
 
 from __future__ import annotations
 
@@ -9,20 +6,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from layoutgen.cli.common import CommandFailed, bad_input, console
+
 if TYPE_CHECKING:
-    from layoutgen.tuning_db import TuningEntry
+    from layoutgen.tuning_db import Expected, TuningEntry
 
 app = typer.Typer(
     name="db",
     help="Inspect and validate the tuning database (tuning_db/<device>.json).",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
-console = Console()
 
 DbOption = Annotated[
     list[Path] | None,
@@ -41,23 +39,32 @@ def _dirs(db: list[Path] | None) -> list[Path]:
     return database_dirs()
 
 
-def _current_hashes() -> dict[str, tuple[str, dict[str, str]]]:
-    """Bundled spec name -> (spec hash, per-kernel source hashes), computed as `layoutgen build` does."""
-    from layoutgen.codegen import render_kernels, source_hashes
+def _expectations() -> dict[tuple[str, str], Expected]:
+    """(bundled spec, kernel) -> what a current entry must record, computed as `layoutgen build` renders."""
+    from layoutgen.codegen import source_hashes
+    from layoutgen.family import get_family
     from layoutgen.spec import bundled_specs
+    from layoutgen.tuning.procedure import space_hash, timing_hash
+    from layoutgen.tuning_db import Expected, entry_versions
 
-    return {name: (spec.layout_hash(), source_hashes(render_kernels(spec))) for name, spec in bundled_specs().items()}
+    versions = entry_versions()
+    expected = {}
+    for name, spec in bundled_specs().items():
+        family = get_family(spec.family)
+        for kernel, source in source_hashes(spec).items():
+            decl = family.kernel(kernel)
+            expected[(name, kernel)] = Expected(spec.layout_hash(), source, space_hash(decl), timing_hash(decl), versions)
+    return expected
 
 
-def _entry_state(entry: TuningEntry, hashes: dict[str, tuple[str, dict[str, str]]]) -> str:
-    current = hashes.get(entry.key.spec)
-    if current is None:
+def _entry_state(entry: TuningEntry, expected: dict[tuple[str, str], Expected]) -> str:
+    from layoutgen.tuning_db import current_problems
+
+    wanted = expected.get((entry.key.spec, entry.key.kernel))
+    if wanted is None:
         return "not bundled"
-    if entry.spec_hash != current[0]:
-        return "stale spec"
-    if entry.source_hash != current[1][entry.key.kernel]:
-        return "stale source"
-    return "current"
+    problems = current_problems(entry, wanted)
+    return "current" if not problems else f"stale {problems[0][0]}"
 
 
 def _files(directories: list[Path], device: str | None) -> list[Path]:
@@ -83,7 +90,6 @@ def show(
     db: DbOption = None,
 ) -> None:
     """List the tuned entries: config, timings against the default config, and whether they are current."""
-    from layoutgen.cli import CommandFailed
     from layoutgen.tuning_db import DatabaseError, current_device, read_database
 
     directories = _dirs(db)
@@ -96,7 +102,7 @@ def show(
         what = f"for device {device!r}" if device else "(*.json)"
         console.print(f"no tuning database {what} in {where}; dispatch uses heuristic defaults")
         return
-    hashes = _current_hashes()
+    hashes = _expectations()
     broken = 0
     for path in files:
         try:
@@ -133,16 +139,14 @@ def show(
 @app.command("check")
 def check(db: DbOption = None) -> None:
     """Validate every database file (schema, names, file name vs device); list stale entries. Fails on invalid."""
-    from layoutgen.cli import CommandFailed
-    from layoutgen.tuning.timing import TIMING_RULES
     from layoutgen.tuning_db import DatabaseError, device_file_name, read_database
 
     directories = _dirs(db)
     missing = [str(d) for d in (db or []) if not Path(d).is_dir()]
     if missing:
-        raise CommandFailed(f"no such database directory: {', '.join(missing)}; check --db", code=2)
+        raise bad_input(f"no such database directory: {', '.join(missing)}; check --db")
     files = _files(directories, None)
-    hashes = _current_hashes()
+    hashes = _expectations()
     problems = 0
     for path in files:
         try:
@@ -163,13 +167,7 @@ def check(db: DbOption = None) -> None:
             state = _entry_state(entry, hashes)
             states[state] = states.get(state, 0) + 1
         summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items())) or "no entries"
-        console.print(f"[green]ok[/green] {path}: {summary}")
-        older = sum(1 for entry in database.entries.values() if entry.timing_rule != TIMING_RULES[entry.key.kernel])
-        if older:
-            console.print(
-                f"   {older} of them ranked under an older timing rule or not recording it: dispatch uses them; "
-                "`layoutgen tune` on that device ranks them again"
-            )
+        console.print(f"[green]ok[/green] {escape(str(path))}: {escape(summary)}")
     if not files:
         console.print(f"no database files in {', '.join(str(d) for d in directories)} (an empty database is valid)")
     if problems:

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from layoutgen.layout import INPUT_DTYPES, LayoutBuffers, Shape
-from layoutgen.spec import Transport
+from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
+from layoutgen.dcp.spec import Transport
 
 #: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the
 #: receive buffer of the same name on that peer (same layout, peer index = source rank).

@@ -1,40 +1,40 @@
-"""The hot path of a generated module's `pack` / `combine`.
+"""The hot path of a DCP generated module's `pack` / `combine`.
 
-A `Dispatcher` per generated module turns a call into a cached plan: the first
-call for a (shapes, strides, dtypes, devices, config) key validates every
-argument, resolves `config=None` (forced / tuned / default) and records the
-kernel launch; later calls with that key do one dict lookup on the buffers
-object and launch.  Plans live on the buffers object, so they die with it.
+A `Dispatcher` per generated module turns a call into a cached plan (`layoutgen.runtime.plans`): the
+first call for a (shapes, strides, dtypes, devices, config) key validates every argument, resolves
+`config=None` (`layoutgen.runtime.configs`: forced / tuned / default) and records the kernel launch
+(`layoutgen.runtime.launch`); later calls with that key do one dict lookup on the buffers object and
+launch.
 
-Under `torch.compile` the dispatcher routes through the `layoutgen::pack` /
-`layoutgen::combine` custom ops instead (`layoutgen.ops`).
+Under `torch.compile` the dispatcher routes through the `layoutgen::pack` / `layoutgen::combine` custom
+ops instead (`layoutgen.dcp.ops`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
-from layoutgen.config import CombineConfig, KernelConfig, PackConfig
-from layoutgen.layout import LayoutBuffers, Shape, buffer_shapes, check_shape
-from layoutgen.runtime import checks, configs
+from layoutgen.dcp import checks
+from layoutgen.dcp.config import CombineConfig, PackConfig, default_combine_config, default_pack_config
+from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape
+from layoutgen.dcp.spec import DcpSpec
+from layoutgen.runtime import configs
 from layoutgen.runtime.launch import is_jit_function, record_launches
-from layoutgen.spec import LayoutSpec
+from layoutgen.runtime.plans import PLANS as _PLANS
+from layoutgen.runtime.plans import plans_of, remember, remembered
+from layoutgen.runtime.tensors import check_config, check_runnable, needs_int64
 
-_PLANS = "_layoutgen_plans"
 _is_compiling = torch.compiler.is_compiling
-_lock = threading.Lock()
-_owners: weakref.WeakSet[LayoutBuffers] = weakref.WeakSet()
 _dispatchers: dict[str, Dispatcher] = {}
-# alloc()'s buffers by the id of their payload tensor, so that the custom ops, which see only tensors, find the
-# object that holds the cached plans.  Weak: an entry lives as long as the buffers object.
-_buffers_by_payload: weakref.WeakValueDictionary[int, LayoutBuffers] = weakref.WeakValueDictionary()
+#: CUDA's limit on a grid's y dimension, along which pack runs its batch blocks (the generated launcher
+#: refuses a config that needs more).
+MAX_GRID_Y = 65535
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 LaunchFunction = Callable[..., None]
 
@@ -62,28 +62,18 @@ class CombinePlan:
     recorded: bool = False
 
 
-def _plans_of(bufs: LayoutBuffers) -> dict[tuple[Any, ...], Any]:
-    plans = bufs.__dict__.get(_PLANS)
-    if plans is None:
-        plans = bufs.__dict__.setdefault(_PLANS, {})
-        with _lock:
-            _owners.add(bufs)
-    return plans
-
-
 def remember_buffers(bufs: LayoutBuffers) -> LayoutBuffers:
-    _buffers_by_payload[id(bufs.tensors["payload"])] = bufs
-    return bufs
+    return remember(bufs, bufs.tensors["payload"])  # type: ignore[no-any-return]
 
 
 def buffers_from_tensors(
-    spec: LayoutSpec, tensors: list[torch.Tensor], N: int, B_max: int, H: int, D: int, dtype: torch.dtype
+    spec: DcpSpec, tensors: list[torch.Tensor], N: int, B_max: int, H: int, D: int, dtype: torch.dtype
 ) -> LayoutBuffers:
     """The buffers object holding exactly `tensors` (alloc()'s, when it is alive), else a new one over them."""
     if tensors:
-        bufs = _buffers_by_payload.get(id(tensors[0]))
+        bufs = remembered(tensors[0])
         if (
-            bufs is not None
+            isinstance(bufs, LayoutBuffers)
             and bufs.layout_hash == spec.layout_hash()
             and bufs.shape == Shape(N, B_max, H, D, dtype)
             and len(bufs.tensors) == len(tensors)
@@ -96,15 +86,6 @@ def buffers_from_tensors(
     if len(tensors) != len(names):
         raise ValueError(f"buffers must be the {len(names)} tensors {names} of spec '{spec.name}'; got {len(tensors)}")
     return LayoutBuffers(spec, shape, dict(zip(names, tensors, strict=True)))
-
-
-def reset_caches() -> None:
-    """Drop every cached plan, loaded tuning database and given warning (tests; after changing the DB or env)."""
-    with _lock:
-        owners = list(_owners)
-    for bufs in owners:
-        bufs.__dict__.pop(_PLANS, None)
-    configs.reset()
 
 
 def dispatcher(name: str) -> Dispatcher:
@@ -121,7 +102,7 @@ class Dispatcher:
     def __init__(
         self,
         name: str,
-        spec: LayoutSpec,
+        spec: DcpSpec,
         spec_hash: str,
         source_hashes: dict[str, str],
         pack_kernel: Any,
@@ -186,27 +167,35 @@ class Dispatcher:
         return (self, out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype,
                 lse.device, config)  # fmt: skip
 
+    def _resolve(self, kernel: str, bufs: LayoutBuffers, size: int, default: Callable[[], Any]) -> Any:
+        """`config=None`: forced, tuned for this shape and device, or the heuristic default."""
+        from layoutgen.dcp import FAMILY
+
+        return configs.resolve_config(
+            FAMILY.name,
+            self.spec.name,
+            FAMILY.kernel(kernel),
+            bufs.device,
+            {"N": bufs.N, "Hl": bufs.H // bufs.N, "D": bufs.D},
+            _DTYPE_NAMES[bufs.dtype],
+            size,
+            self.spec_hash,
+            self.source_hashes[kernel],
+            default,
+        )
+
     def _plan_pack(self, out: Any, lse: Any, bufs: Any, config: Any) -> PackPlan:
         batch = checks.check_pack_args(self.spec, out, lse, bufs)
+        check_runnable(self.pack_kernel, out, lse, *bufs.tensors.values())
         if config is None:
-            resolved = configs.resolve_config(
-                self.spec,
-                "pack",
-                bufs.device,
-                bufs.N,
-                bufs.H // bufs.N,
-                bufs.D,
-                bufs.dtype,
-                batch,
-                bufs.tensors["payload"].element_size(),
-                self.spec_hash,
-                self.source_hashes["pack"],
-            )
+            elem_size = bufs.tensors["payload"].element_size()
+            args = (self.spec, bufs.N, bufs.H // bufs.N, bufs.D, max(batch, 1), elem_size)
+            resolved = fit_grid(self._resolve("pack", bufs, batch, lambda: default_pack_config(*args)), batch)
         else:
-            checks.check_config(config, PackConfig)
+            check_config(config, PackConfig)
             resolved = config
-        plan = PackPlan(batch, cast(PackConfig, resolved), checks.needs_int64(out, lse, *bufs.tensors.values()))
-        _plans_of(bufs)[self._pack_key(out, lse, config)] = plan
+        plan = PackPlan(batch, cast(PackConfig, resolved), needs_int64(out, lse, *bufs.tensors.values()))
+        plans_of(bufs)[self._pack_key(out, lse, config)] = plan
         return plan
 
     def _launch_pack(self, plan: PackPlan, out: torch.Tensor, lse: torch.Tensor, bufs: LayoutBuffers) -> None:
@@ -240,9 +229,11 @@ class Dispatcher:
                 (
                     self,
                     B,
+                    B.__class__,  # B=True must not hit B=1's plan: it is validated (and refused) as a new key
                     lse_base,
                     None if out is None else (out.shape, out.stride(), out.dtype, out.device),
                     return_lse,
+                    return_lse.__class__,
                     config,
                 )
             ]
@@ -273,41 +264,32 @@ class Dispatcher:
 
     def _plan_combine(self, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any) -> CombinePlan:
         checks.check_combine_args(self.spec, bufs, B, lse_base, out, return_lse)
+        tensors = list(bufs.tensors.values()) + ([out] if out is not None else [])
+        check_runnable(self.combine_kernel, *tensors)
         heads_per_peer = bufs.H // bufs.N
         if config is None:
-            resolved = configs.resolve_config(
-                self.spec,
-                "combine",
-                bufs.device,
-                bufs.N,
-                heads_per_peer,
-                bufs.D,
-                bufs.dtype,
-                B,
-                bufs.tensors["payload"].element_size(),
-                self.spec_hash,
-                self.source_hashes["combine"],
-            )
+            elem_size = bufs.tensors["payload"].element_size()
+            args = (self.spec, bufs.N, heads_per_peer, bufs.D, max(B, 1), elem_size)
+            resolved = self._resolve("combine", bufs, B, lambda: default_combine_config(*args))
         else:
-            checks.check_config(config, CombineConfig)
+            check_config(config, CombineConfig)
             resolved = config
         out_shape = (B, heads_per_peer, bufs.D)
-        tensors = list(bufs.tensors.values()) + ([out] if out is not None else [])
         plan = CombinePlan(
             cast(CombineConfig, resolved),
-            checks.needs_int64(*tensors),
+            needs_int64(*tensors),
             lse_base == "2",
             out_shape,
             bufs.dtype,
             bufs.device,
         )
-        _plans_of(bufs)[self._combine_key(B, lse_base, out, return_lse, config)] = plan
+        plans_of(bufs)[self._combine_key(B, lse_base, out, return_lse, config)] = plan
         return plan
 
     def _combine_key(self, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any) -> tuple[Any, ...]:
         """What a combine plan depends on besides the buffers; `combine` inlines it."""
         out_key = None if out is None else (out.shape, out.stride(), out.dtype, out.device)
-        return (self, B, lse_base, out_key, return_lse, config)
+        return (self, B, B.__class__, lse_base, out_key, return_lse, return_lse.__class__, config)
 
     # torch.compile ---------------------------------------------------------------------------------------------
 
@@ -348,8 +330,15 @@ class Dispatcher:
             return self._plan_combine(bufs, B, lse_base, out, return_lse, config)
 
 
-def config_values(config: KernelConfig | None) -> list[int]:
+def config_values(config: Any) -> list[int]:
     """A config as the custom ops take it: its fields in declaration order, [] for None."""
-    if config is None:
-        return []
-    return [getattr(config, field.name) for field in dataclasses.fields(config)]
+    return [] if config is None else list(config.values())
+
+
+def fit_grid(config: PackConfig, batch: int) -> PackConfig:
+    """A pack config whose batch blocks fit the grid's y axis: past MAX_GRID_Y x block_batch rows (a batch
+    no decode step reaches, but dispatch must not fail on it) the rows per program double until they fit."""
+    block_batch = config.block_batch
+    while -(-batch // block_batch) > MAX_GRID_Y:
+        block_batch *= 2
+    return config if block_batch == config.block_batch else dataclasses.replace(config, block_batch=block_batch)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from layoutgen.layout import LayoutBuffers
+from layoutgen.dcp.layout import LayoutBuffers
 
 LSE_BASES = ("e", "2")
 
@@ -31,8 +31,7 @@ def exchange(send: list[LayoutBuffers]) -> list[LayoutBuffers]:
     recv = [LayoutBuffers(b.spec, b.shape, {k: torch.empty_like(t) for k, t in b.tensors.items()}) for b in send]
     for name, tensor in send[0].tensors.items():
         axes = send[0].spec.payload.axes if name == "payload" else send[0].spec.stats.axes
-        assert axes is not None
-        peer_dim = axes.index("peer")
+        peer_dim = (axes or ()).index("peer")
         if tensor.shape[peer_dim] != world:
             raise ValueError(f"{world} ranks exchange buffers sized for N={tensor.shape[peer_dim]} peers")
         for dst in range(world):
@@ -44,7 +43,7 @@ def exchange(send: list[LayoutBuffers]) -> list[LayoutBuffers]:
 def merge_partials(
     partial_out: torch.Tensor, partial_lse: torch.Tensor, lse_base: str = "e"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge N partials `[N, B, h, D]` with LSEs `[N, B, h]` in float64 (DESIGN §4).
+    """Merge N partials `[N, B, h, D]` with LSEs `[N, B, h]` in float64 (docs/design.md §4).
 
     NaN and +inf LSEs count as empty (-inf); an empty partial contributes nothing, even when its
     payload is NaN; when every partial is empty the output is 0 and the LSE -inf.

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
-from layoutgen import reference
-from layoutgen.layout import LayoutBuffers, wire_dtype
-from layoutgen.tolerances import combine_error, lse_error, max_abs_error
+from layoutgen.dcp import reference
+from layoutgen.dcp.layout import LayoutBuffers, wire_dtype
+from layoutgen.dcp.tolerances import combine_error, lse_error
+from layoutgen.family import Check, VerifyReport
 
 CANARY = 0xA5
 # (N, B, B_max, heads per peer, D, dtype): B = 1, B < B_max, odd heads, D not a power of two.
@@ -22,21 +22,6 @@ VERIFY_SHAPES: tuple[tuple[int, int, int, int, int, torch.dtype], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class VerifyResult:
-    spec_name: str
-    buffers: str
-    shapes_checked: int
-    pack_exact: bool
-    combine_ok: bool
-    combine_max_error: float
-    failures: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return self.pack_exact and self.combine_ok
-
-
 def filled(bufs: LayoutBuffers, byte: int = CANARY) -> LayoutBuffers:
     for tensor in bufs.tensors.values():
         tensor.view(torch.uint8).fill_(byte)
@@ -47,7 +32,7 @@ def same_bytes(left: LayoutBuffers, right: LayoutBuffers) -> bool:
     return all(torch.equal(left.tensors[k].view(torch.uint8), right.tensors[k].view(torch.uint8)) for k in left.tensors)
 
 
-def verify_module(module: ModuleType, device: str = "cpu", seed: int = 0) -> VerifyResult:
+def verify_module(module: ModuleType, device: str = "cpu", seed: int = 0) -> VerifyReport:
     """Pack bytes against the reference (canary-filled buffers), then pack -> exchange -> combine on
     every rank against the float64 merge of all shards, bases e and 2."""
     spec = module.SPEC
@@ -79,16 +64,16 @@ def verify_module(module: ModuleType, device: str = "cpu", seed: int = 0) -> Ver
                 want, want_lse = reference.merge_shards(outs, lses, rank, base)
                 scale = max(float(o.abs().max()) for o in outs)
                 ratio = max(combine_error(got.cpu(), want.cpu(), scale), lse_error(got_lse.cpu(), want_lse.cpu()))
-                worst = max(worst, max_abs_error(got.cpu(), want.cpu()))
+                worst = max(worst, ratio)
                 if ratio > 1.0:
                     combine_ok = False
                     failures.append(f"combine (base {base}) outside tolerance at {label}, rank {rank}: {ratio:.2f}x")
-    buffers = ", ".join(
-        f"{name} [{', '.join(axes)}]"
-        for name, axes in [("payload", spec.payload.axes)] + ([] if spec.row_tail else [("stats", spec.stats.axes)])
-    )
     checked = sum(
         1 for *_, D, dtype in VERIFY_SHAPES if not (spec.row_tail and D * wire_dtype(spec, dtype).itemsize % 4)
     )
     pack_exact = not any(f.startswith("pack") for f in failures)
-    return VerifyResult(spec.name, buffers, checked, pack_exact, combine_ok, worst, tuple(failures))
+    checks = (
+        Check("pack", pack_exact, f"bytes {'identical' if pack_exact else 'DIFFER'} in {checked} shapes"),
+        Check("combine", combine_ok, f"worst error {worst:.2f} of the tolerance (bases e and 2)"),
+    )
+    return VerifyReport(spec.name, "dcp", checks, tuple(failures))

@@ -1,6 +1,6 @@
-"""Argument checks of pack / combine: run once per plan key, never on the cached path.
+"""Argument checks of the DCP pack / combine: run once per plan key, never on the cached path.
 
-Every error names the argument, what was expected and what was given (DESIGN §4).
+Every error names the argument, what was expected and what was given (docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -9,18 +9,12 @@ from typing import Any
 
 import torch
 
-from layoutgen.config import KernelConfig
-from layoutgen.layout import LayoutBuffers, buffer_shapes
-from layoutgen.spec import LayoutSpec
-
-_INT32_LIMIT = 2**31
+from layoutgen.dcp.layout import LayoutBuffers, buffer_shapes
+from layoutgen.dcp.spec import DcpSpec
+from layoutgen.runtime.tensors import describe, overlap, overlaps_itself
 
 
-def describe(tensor: torch.Tensor) -> str:
-    return f"shape {tuple(tensor.shape)}, strides {tuple(tensor.stride())}, {tensor.dtype} on {tensor.device}"
-
-
-def check_buffers(spec: LayoutSpec, bufs: Any, label: str = "bufs") -> LayoutBuffers:
+def check_buffers(spec: DcpSpec, bufs: Any, label: str = "bufs") -> LayoutBuffers:
     """`bufs` must come from this spec's `alloc` and hold dense tensors of the allocated shapes on one device."""
     if not isinstance(bufs, LayoutBuffers):
         raise TypeError(f"{label} must be the buffers object returned by alloc(), got {type(bufs).__name__}")
@@ -57,34 +51,7 @@ def check_buffers(spec: LayoutSpec, bufs: Any, label: str = "bufs") -> LayoutBuf
     return bufs
 
 
-def check_config(config: Any, kind: type[KernelConfig]) -> None:
-    if not isinstance(config, kind):
-        raise TypeError(f"config must be a layoutgen.config.{kind.__name__} or None, got {type(config).__name__}")
-
-
-def _max_offset(tensor: torch.Tensor) -> int:
-    return sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size > 0)
-
-
-def overlaps_itself(tensor: torch.Tensor) -> bool:
-    """Whether two positions of `tensor` may share an element (e.g. an expand()ed view); conservative."""
-    if tensor.numel() == 0:
-        return False
-    reach = 0  # the largest offset the dims with smaller strides address
-    dims = sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size > 1)
-    for stride, size in dims:
-        if stride <= reach:
-            return True
-        reach += stride * (size - 1)
-    return False
-
-
-def needs_int64(*tensors: torch.Tensor) -> bool:
-    """Whether some element offset of these tensors does not fit the kernels' int32 index arithmetic."""
-    return any(_max_offset(t) >= _INT32_LIMIT or t.numel() >= _INT32_LIMIT for t in tensors)
-
-
-def check_pack_args(spec: LayoutSpec, out: Any, lse: Any, bufs: Any) -> int:
+def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any) -> int:
     """Validate pack's arguments; return the batch B."""
     bufs = check_buffers(spec, bufs)
     H, D = bufs.H, bufs.D
@@ -113,7 +80,7 @@ def check_pack_args(spec: LayoutSpec, out: Any, lse: Any, bufs: Any) -> int:
     return batch
 
 
-def check_combine_args(spec: LayoutSpec, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any) -> None:
+def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any) -> None:
     bufs = check_buffers(spec, bufs)
     if isinstance(B, bool) or not isinstance(B, int) or not 0 <= B <= bufs.B_max:
         raise ValueError(f"B must be an int in [0, B_max={bufs.B_max}]; got {B!r}")
@@ -134,3 +101,9 @@ def check_combine_args(spec: LayoutSpec, bufs: Any, B: Any, lse_base: Any, out: 
                 "out must not overlap itself (e.g. an expand()ed view: programs would race to write one element); "
                 f"got {describe(out)}"
             )
+        for name, tensor in bufs.tensors.items():
+            if overlap(out, tensor):
+                raise ValueError(
+                    f"out must not overlap the buffers it reads: it shares memory with bufs.tensors[{name!r}] "
+                    f"({describe(tensor)}); got {describe(out)}. Pass a separate tensor, or out=None"
+                )

@@ -13,19 +13,19 @@ from dataclasses import dataclass
 
 import torch
 
-from layoutgen.spec import PAYLOAD_AXES, STATS_AXES, LayoutSpec, PayloadDtype
+from layoutgen.dcp.spec import PAYLOAD_AXES, STATS_AXES, DcpSpec, PayloadDtype
 
-#: Activation dtypes a pack accepts for `out` (DESIGN §4).
+#: Activation dtypes a pack accepts for `out` (docs/design.md §4).
 INPUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 LSE_BYTES = 4
 
 
-def wire_dtype(spec: LayoutSpec, dtype: torch.dtype) -> torch.dtype:
+def wire_dtype(spec: DcpSpec, dtype: torch.dtype) -> torch.dtype:
     """The payload buffer's element type for activations of `dtype`."""
     return torch.float32 if spec.payload.dtype is PayloadDtype.FLOAT32 else dtype
 
 
-def row_length(spec: LayoutSpec, head_dim: int, elem_size: int) -> int:
+def row_length(spec: DcpSpec, head_dim: int, elem_size: int) -> int:
     """Extent of the payload's `dim` axis in elements: D, or D + LSE tail rounded up to align_bytes."""
     if not spec.row_tail:
         return head_dim
@@ -50,7 +50,7 @@ class Shape:
         return self.H // self.N
 
 
-def check_shape(spec: LayoutSpec, shape: Shape) -> None:
+def check_shape(spec: DcpSpec, shape: Shape) -> None:
     """Raise ValueError/TypeError naming the argument when `shape` cannot be laid out by `spec`."""
     for label, value in (("N", shape.N), ("B_max", shape.B_max), ("H", shape.H), ("D", shape.D)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -70,7 +70,7 @@ def check_shape(spec: LayoutSpec, shape: Shape) -> None:
         )
 
 
-def buffer_shapes(spec: LayoutSpec, shape: Shape) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]:
+def buffer_shapes(spec: DcpSpec, shape: Shape) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]:
     """Name -> (axes, extents, dtype) of every buffer, outer to inner."""
     wire = wire_dtype(spec, shape.dtype)
     extents = {
@@ -81,7 +81,8 @@ def buffer_shapes(spec: LayoutSpec, shape: Shape) -> dict[str, tuple[tuple[str, 
     }
     buffers = {"payload": (spec.payload.axes, tuple(extents[a] for a in spec.payload.axes), wire)}
     if not spec.row_tail:
-        assert spec.stats.axes is not None and spec.stats.slots is not None  # ensured by the validator
+        if spec.stats.axes is None or spec.stats.slots is None:  # filled in by the spec's validator
+            raise RuntimeError(f"spec {spec.name}: a separate stats buffer without axes or slots")
         extents["slot"] = spec.stats.slots
         buffers["stats"] = (spec.stats.axes, tuple(extents[a] for a in spec.stats.axes), torch.float32)
     return buffers
@@ -90,7 +91,7 @@ def buffer_shapes(spec: LayoutSpec, shape: Shape) -> dict[str, tuple[tuple[str, 
 class LayoutBuffers:
     """Dense buffers of one spec at one shape (send side or receive side: same layout)."""
 
-    def __init__(self, spec: LayoutSpec, shape: Shape, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, spec: DcpSpec, shape: Shape, tensors: dict[str, torch.Tensor]) -> None:
         self.spec = spec
         self.shape = shape
         self.tensors = tensors
@@ -100,7 +101,7 @@ class LayoutBuffers:
     @classmethod
     def allocate(
         cls,
-        spec: LayoutSpec,
+        spec: DcpSpec,
         N: int,
         B_max: int,
         H: int,
@@ -151,8 +152,7 @@ class LayoutBuffers:
             tail = payload[..., self.D : self.D + words].view(torch.float32)[..., 0]
             outer = self.spec.payload.axes[:-1]
             return tail.permute([outer.index(a) for a in PAYLOAD_AXES[:-1]])[:, :B]
-        axes = self.spec.stats.axes
-        assert axes is not None
+        axes = self.spec.stats.axes or STATS_AXES
         stats = self.tensors["stats"].permute([axes.index(a) for a in STATS_AXES])
         return stats[:, :B, :, self.spec.stats.slot]
 

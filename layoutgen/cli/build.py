@@ -1,0 +1,127 @@
+"""`layoutgen build`: render specs into Triton modules (atomic, only when changed) and verify them."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from layoutgen.cli.common import CommandFailed, bad_input, console, errors, resolve_spec_source, say
+
+
+def _spec_sources(spec_files: list[str] | None) -> tuple[list[tuple[Any, Path]], bool]:
+    from layoutgen.spec import bundled_spec_paths, bundled_specs
+
+    if not spec_files:
+        bundled = bundled_specs()
+        return [(bundled[p.stem], p) for p in bundled_spec_paths()], True
+    return [resolve_spec_source(text) for text in spec_files], False
+
+
+def _default_out_dir() -> Path:
+    from layoutgen.loader import source_root
+
+    root = source_root()
+    if root is None:
+        raise bad_input("no source checkout found for the bundled specs' generated/ directory; pass --out DIR")
+    return root / "generated"
+
+
+def _refuse_inside_package(out_dir: Path) -> None:
+    """A module written into the installed package could replace one of its own modules."""
+    package = Path(__file__).resolve().parent.parent
+    try:
+        Path(out_dir).resolve().relative_to(package)
+    except ValueError:
+        return
+    raise bad_input(f"--out {out_dir} is inside the layoutgen package ({package}); write generated modules elsewhere")
+
+
+def build(
+    spec: Annotated[
+        list[str] | None,
+        typer.Option("--spec", help="A bundled spec name or a spec YAML file (repeatable). Default: every bundled spec."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output directory. Default: the checkout's generated/.")
+    ] = None,
+    check: Annotated[bool, typer.Option("--check", help="Write nothing; fail listing stale files.")] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify/--no-verify", help="Check each module against its family's reference.")
+    ] = True,
+) -> None:
+    """Render specs into Triton modules (atomic, only when changed), then verify them against the reference."""
+    from layoutgen import codegen
+
+    sources, bundled = _spec_sources(spec)
+    out_dir = out if out is not None else _default_out_dir()
+    if out is not None:
+        _refuse_inside_package(out_dir)
+    owns_directory = bundled and out is None
+    try:
+        planned = codegen.plan_outputs(sources, out_dir, with_init=owns_directory)
+    except ValueError as error:
+        raise bad_input(str(error)) from None
+    if check:
+        problems = codegen.stale_files(planned, out_dir, owns_directory)
+        if problems:
+            for problem in problems:
+                say(problem, "red", err=True)
+            raise CommandFailed(f"{len(problems)} generated file(s) out of date; run `layoutgen build`", code=1)
+        say(f"{len(planned)} generated file(s) up to date in {out_dir}", "green")
+        return
+    try:
+        written = [item.path for item in planned if codegen.write_if_changed(item.path, item.content)]
+    except OSError as error:
+        raise bad_input(f"cannot write to {out_dir}: {error.strerror or error}") from error
+    say(f"{len(written)} written, {len(planned) - len(written)} unchanged in {out_dir}")
+    if verify:
+        verify_modules([item.path for item in planned if item.spec is not None])
+
+
+def verify_modules(paths: list[Path]) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from layoutgen.family import get_family
+    from layoutgen.loader import load_path
+
+    where = f"{device}{', Triton interpreter' if device == 'cpu' else ''}"
+    table = Table(title=f"verified against each family's torch reference ({where})", title_justify="left")
+    for column in ("spec", "kernel", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    failed: list[str] = []
+    # Importing a module would write __pycache__/ next to it: `build --out D` writes D/<name>.py and nothing else.
+    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        reports = []
+        for path in paths:
+            with warnings.catch_warnings():
+                # The interpreter's numpy log(0) for all-empty rows is the contract (-inf), not a fault.
+                warnings.simplefilter("ignore", RuntimeWarning)
+                module = load_path(path)
+                reports.append(get_family(module.SPEC.family).verify(module, device))
+    finally:
+        sys.dont_write_bytecode = write_bytecode
+    for report in reports:
+        for index, check in enumerate(report.checks):
+            table.add_row(
+                Text(report.spec_name if index == 0 else ""),
+                Text(check.kernel),
+                Text("ok", style="green") if check.passed else Text("FAILED", style="red"),
+                Text(check.detail),
+            )
+        failed += report.failures
+    console.print(table)
+    if failed:
+        for failure in failed[:20]:
+            say(failure, "red", err=True)
+        raise CommandFailed(f"{len(failed)} verification failure(s)", code=1)

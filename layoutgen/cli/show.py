@@ -1,0 +1,94 @@
+"""`layoutgen show` and `layoutgen diff`: draw a layout's bytes, and compare two layouts element by element."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from layoutgen.cli.common import bad_input, parse_shape, resolve_spec, say, single_values
+
+SpecArgument = Annotated[str, typer.Argument(help="A bundled spec name (e.g. pynccl_a2a) or a spec YAML file.")]
+ShapeOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--shape",
+        help="One extent of the drawing, NAME=VALUE (repeatable), e.g. --shape N=2; the family's aliases work "
+        "too (DCP: --N, --batch, --heads, --D). Extents not given take the family's drawing defaults.",
+    ),
+]
+DtypeOption = Annotated[str | None, typer.Option("--dtype", help="Activation dtype. Default: the family's.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for tools instead of the drawing.")]
+
+
+def _shape_of(spec: Any, shape: list[str] | None, dtype: str | None) -> tuple[dict[str, int], str]:
+    from layoutgen.family import get_family
+
+    family = get_family(spec.family)
+    values = single_values(parse_shape(shape or []), dict(family.show_shape), f"the {family.name} family's drawing")
+    chosen = dtype or family.default_dtypes[0]
+    if chosen not in family.dtypes:
+        raise bad_input(f"--dtype {chosen}: the {family.name} family takes {', '.join(family.dtypes)}")
+    return values, chosen
+
+
+def show(
+    spec: SpecArgument,
+    shape: ShapeOption = None,
+    dtype: DtypeOption = None,
+    png: Annotated[
+        Path | None, typer.Option("--png", help="Also write the drawing as a PNG (needs matplotlib: layoutgen\\[plot]).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Draw every buffer of a spec byte by byte: which logical element sits where."""
+    from layoutgen import show as show_module
+
+    layout = resolve_spec(spec)
+    values, chosen = _shape_of(layout, shape, dtype)
+    if png is not None:
+        show_module.png.require_matplotlib()  # fail before printing anything
+    try:
+        bmap = show_module.byte_map(layout, values, chosen)
+    except (ValueError, TypeError) as error:
+        raise bad_input(str(error)) from None
+    if as_json:
+        sys.stdout.write(show_module.to_json(bmap))
+    else:
+        show_module.text_console().print(show_module.renderable(bmap))
+    if png is not None:
+        try:
+            size = show_module.png.write_png(bmap, png)
+        except OSError as error:
+            raise bad_input(f"cannot write {png}: {error.strerror or error}") from error
+        say(f"wrote {png} ({size} bytes)", err=True)
+
+
+def diff(
+    spec_a: Annotated[str, typer.Argument(help="Layout A: a bundled spec name or a spec YAML file.")],
+    spec_b: Annotated[str, typer.Argument(help="Layout B: a bundled spec name or a spec YAML file.")],
+    shape: ShapeOption = None,
+    dtype: DtypeOption = None,
+    runs: Annotated[bool, typer.Option("--runs", help="List every run, not only the summary.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Where the same logical element lands in layout A and in layout B: a summary, every run with --runs."""
+    from layoutgen import show as show_module
+
+    layout_a, layout_b = resolve_spec(spec_a), resolve_spec(spec_b)
+    if layout_a.family != layout_b.family:
+        raise bad_input(
+            f"{spec_a} is a {layout_a.family} spec and {spec_b} a {layout_b.family} spec: only layouts of one "
+            "family hold the same logical elements"
+        )
+    values, chosen = _shape_of(layout_a, shape, dtype)
+    try:
+        result = show_module.diff_layouts(layout_a, layout_b, values, chosen)
+    except (ValueError, TypeError) as error:
+        raise bad_input(str(error)) from None
+    if as_json:
+        sys.stdout.write(show_module.diff_to_json(result))
+    else:
+        show_module.text_console().print(show_module.diff_renderable(result, runs=runs))

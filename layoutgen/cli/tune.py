@@ -1,0 +1,179 @@
+"""`layoutgen tune`: search launch configs per GPU with Optuna and record the winners; the work is in
+`layoutgen.tuning`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from layoutgen.cli.common import CommandFailed, bad_input, console, errors, parse_shape, say
+
+
+def default_db_dir(interpret: bool) -> Path:
+    """Where winners go without --db: the checkout's tuning_db/ (what dispatch reads) for a GPU; the cache
+    for the interpreter, whose timings must not land in the repository."""
+    from layoutgen.loader import source_root
+    from layoutgen.tuning.storage import cache_dir
+
+    root = source_root()
+    if interpret or root is None:
+        return cache_dir() / "tuning_db"
+    return root / "tuning_db"
+
+
+def tune(
+    spec: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--spec", help="Bundled spec name, spec YAML or generated .py (repeatable). Default: all bundled."
+        ),
+    ] = None,
+    kernel: Annotated[
+        list[str] | None, typer.Option("--kernel", help="Kernel name, e.g. pack (repeatable). Default: all.")
+    ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape",
+            help="Grid values of one axis, NAME=V[,V...] (repeatable), e.g. --shape N=4,8; axes not given take "
+            "their family's defaults. Families' aliases work too (DCP: --N, --heads, --D). See `layoutgen families`.",
+        ),
+    ] = None,
+    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="Activation dtype (repeatable).")] = None,
+    bucket: Annotated[
+        list[int] | None,
+        typer.Option("--bucket", min=1, help="Size buckets (repeatable; DCP alias --batch). Default: the family's."),
+    ] = None,
+    trials: Annotated[
+        int | None,
+        typer.Option(
+            "--trials",
+            min=1,
+            help="Measured trials per TPE study (default 24). Spaces of at most --exhaustive-limit points are "
+            "searched exhaustively whatever this says.",
+        ),
+    ] = None,
+    time_budget: Annotated[
+        float | None,
+        typer.Option("--time-budget", min=1.0, help="Seconds of search for the whole run, split over families."),
+    ] = None,
+    exhaustive_limit: Annotated[
+        int | None, typer.Option("--exhaustive-limit", min=0, help="Search spaces this small exhaustively (64).")
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option("--storage", help="Optuna storage URL (postgresql://...) or journal file. Default: user cache."),
+    ] = None,
+    workers: Annotated[
+        str, typer.Option("--workers", help="'auto' (one process per visible GPU) or a count.")
+    ] = "auto",
+    db: Annotated[
+        Path | None, typer.Option("--db", help="Tuning database directory. Default: the checkout's tuning_db/.")
+    ] = None,
+    interpret: Annotated[
+        bool, typer.Option("--interpret", help="Run the pipeline on CPU (Triton interpreter, tiny shapes).")
+    ] = False,
+    report: Annotated[Path | None, typer.Option("--report", help="Also write the result tables as markdown.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Sampler seed (studies derive their own from it).")] = 0,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the studies and their search plans; tune nothing.")
+    ] = False,
+    retune: Annotated[
+        bool,
+        typer.Option("--retune", help="Tune again the studies the database already holds a current decision for."),
+    ] = False,
+) -> None:
+    """Tune launch configs per (spec, kernel, shape, dtype, size bucket) into the tuning database.
+
+    Each family declares its default grid (`layoutgen families`). Re-running the same command resumes:
+    finished trials are not repeated, and studies whose decision the database already holds (current for the
+    spec, kernel source, search space, timing procedure, triton and torch) are skipped, also on a machine
+    without the study storage; --retune tunes them again.
+    """
+    from layoutgen.tuning import plan
+    from layoutgen.tuning.runner import resolve_workers, run
+
+    if trials is not None and time_budget is not None:
+        raise bad_input("give --trials or --time-budget, not both")
+    grid = parse_shape(shape or [])
+    try:
+        options = plan.TuneOptions(
+            specs=tuple(spec or ()),
+            kernels=tuple(kernel or ()),
+            grid=tuple((name, tuple(values)) for name, values in grid.items()),
+            dtypes=tuple(dtype or ()),
+            buckets=tuple(sorted(set(bucket or ()))),
+            trials=trials or (plan.INTERPRET_TPE_TRIALS if interpret else plan.DEFAULT_TPE_TRIALS)
+            if time_budget is None
+            else 10**6,
+            time_budget_s=time_budget,
+            exhaustive_limit=exhaustive_limit
+            if exhaustive_limit is not None
+            else (plan.INTERPRET_EXHAUSTIVE_LIMIT if interpret else plan.DEFAULT_EXHAUSTIVE_LIMIT),
+            storage=storage,
+            db_dir=str(db if db is not None else default_db_dir(interpret)),
+            interpret=interpret,
+            workers=resolve_workers(workers, interpret),
+            lookahead=1 if interpret else 3,
+            seed=seed,
+            report=str(report) if report else None,
+            retune=retune,
+        )
+    except ValueError as error:
+        raise bad_input(str(error)) from None
+    if dry_run:
+        _print_plan(options)
+        return
+    try:
+        summary = run(options, console)
+        if summary.db_path is not None:
+            decided = sum(1 for row in summary.rows if row.chosen)
+            say(f"{decided} decision(s) recorded in {summary.db_path}")
+            if interpret:
+                say(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={summary.db_path.parent}")
+    except (ValueError, RuntimeError) as error:
+        raise bad_input(str(error)) from None
+    except KeyboardInterrupt:
+        # Past the search (collecting, recording, printing): every family searched was recorded already.
+        _exit_resumable()
+    if summary.interrupted:
+        _exit_resumable()
+    if summary.worker_errors:
+        raise CommandFailed("; ".join(summary.worker_errors), code=1)
+    if summary.gate_failures:
+        raise CommandFailed(
+            f"{summary.gate_failures} config(s) failed the correctness gate: a kernel bug (see the errors above)",
+            code=1,
+        )
+    if summary.unfinished:
+        say(f"{summary.unfinished} studies have no decision yet; re-run the same command to continue", err=True)
+
+
+def _print_plan(options: object) -> None:
+    """One line per study: what it searches and how (fits any terminal width, survives `| head`)."""
+    from layoutgen.tuning.plan import TuneOptions, make_targets, search_plan, target_buckets
+
+    if not isinstance(options, TuneOptions):
+        raise TypeError(f"expected TuneOptions, got {type(options).__name__}")
+    studies = trials = 0
+    for target in make_targets(options):
+        say(target.problem.label, "bold")
+        cells = []
+        for bucket in target_buckets(options, target):
+            planned = search_plan(target.problem, bucket, options)
+            studies += 1
+            trials += planned.budget
+            mode = "ex" if planned.mode == "exhaustive" else "tpe"
+            cells.append(f"{target.problem.family.bucket.name}={bucket}: {mode} {planned.budget}/{planned.space_size}")
+        for start in range(0, len(cells), 3):
+            say("  " + "   ".join(cells[start : start + 3]))
+    say(f"{studies} studies, {trials} measured trials planned (ex: exhaustive; budget/feasible points)")
+
+
+def _exit_resumable() -> NoReturn:
+    errors.print("interrupted", style="red", end="", markup=False)
+    say(": decided studies were recorded; re-run the same command to resume", err=True)
+    sys.exit(130)

@@ -1,0 +1,165 @@
+"""The DCP family: decode-context-parallel pack and combine of partial attention results.
+
+Every rank holds a shard of the KV cache and computes, for all H heads, a partial attention output
+`out [B, H, D]` and its log-sum-exp `lse [B, H]`; heads are exchanged so that rank p receives every
+peer's partials for its head block and merges them with LSE weights.  `pack` scatters `out`/`lse` into a
+transport's send buffers, `combine` merges the N received partials.  A spec says where every byte lives
+(docs/design.md §3); this package holds everything that speaks those words, and `FAMILY` is what the
+shared machinery calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, ClassVar
+
+from layoutgen.dcp.config import CombineConfig, PackConfig
+from layoutgen.dcp.spec import DcpSpec, PayloadDtype
+from layoutgen.family import Family, GridAxis, KernelDecl, SearchSpace, SpaceExtents, VerifyReport
+
+_TILE_CAPS = {"batch": 16}  # batch rows are not contiguous in any bundled destination: deep blocks only add registers
+_INNERMOST_CAPS = {"batch": 256}  # ... unless batch is the destination's innermost axis (stores coalesce along it)
+#: (H, D) of the default grid: DeepSeek-style MLA decode (H 16 and 128, D 512) and plain attention (H 32, D 128).
+DEFAULT_HEADS_AND_DIMS: tuple[tuple[int, int], ...] = ((16, 512), (128, 512), (32, 128))
+LSE_BYTES = 4
+
+PACK = KernelDecl(
+    name="pack",
+    template="pack.py.jinja",
+    config_type=PackConfig,
+    space=SearchSpace(
+        blocks=(("block_peer", "peer"), ("block_batch", "batch"), ("block_head", "head"), ("block_dim", "dim")),
+        caps=_TILE_CAPS,
+        innermost_caps=_INNERMOST_CAPS,
+    ),
+    timing={"inputs": "out and lse per rotating set", "outputs": "each rotating set's own send buffers"},
+    exact=True,
+    summary="scatter out [B, H, D] and lse [B, H] into the send buffers",
+)
+COMBINE = KernelDecl(
+    name="combine",
+    template="combine.py.jinja",
+    config_type=CombineConfig,
+    space=SearchSpace(
+        blocks=(("block_batch", "batch"), ("block_head", "head"), ("block_dim", "dim")),
+        caps=_TILE_CAPS,
+        innermost_caps=_INNERMOST_CAPS,
+    ),
+    timing={
+        "inputs": "received buffers per rotating set, natural-log LSEs, no merged LSE out",
+        "outputs": "one output shared by every rotating set",
+    },
+    exact=False,
+    summary="merge the N received partials into [B, H/N, D] (and the merged LSE)",
+)
+
+
+class DcpFamily(Family):
+    name = "dcp"
+    summary = "decode-context-parallel exchange of partial attention results: pack and combine"
+    spec_model = DcpSpec
+    kernels = (PACK, COMBINE)
+    key_extents = ("N", "Hl", "D")
+    grid_axes = (
+        GridAxis("N", (2, 4, 8), (2,), "peers (ranks) exchanging heads", alias="N"),
+        GridAxis("H", (16, 128, 32), (4,), "heads of out, all ranks' (divisible by N)", alias="heads"),
+        GridAxis("D", (512, 128), (8,), "head dim", alias="D"),
+    )
+    bucket = GridAxis("B", tuple(1 << k for k in range(13)), (1, 3), "live batch rows", alias="batch")
+    dtypes = ("bfloat16", "float16", "float32")
+    show_shape: ClassVar[Mapping[str, int]] = {"N": 4, "B": 2, "H": 8, "D": 16}
+    show_aliases: ClassVar[Mapping[str, str]] = {"N": "N", "batch": "B", "heads": "H", "D": "D"}
+
+    def render_context(self, spec: Any) -> dict[str, Any]:
+        from layoutgen.dcp.render import module_context
+
+        return module_context(spec)
+
+    def verify(self, module: ModuleType, device: str) -> VerifyReport:
+        from layoutgen.dcp.verify import verify_module
+
+        return verify_module(module, device)
+
+    def grid_points(self, given: Mapping[str, list[int]], interpret: bool) -> list[dict[str, int]]:
+        """Without N, H or D given: the (H, D) pairs of MLA decode and plain attention at every N; otherwise
+        the product of what was given with the defaults of the rest."""
+        if given.get("H") or given.get("D"):
+            return super().grid_points(given, interpret)
+        pairs = ((4, 8),) if interpret else DEFAULT_HEADS_AND_DIMS
+        peers = given.get("N") or ((2,) if interpret else (2, 4, 8))
+        return [{"N": N, "H": H, "D": D} for H, D in pairs for N in peers]
+
+    def key_shapes(self, spec: Any, kernel: str, point: Mapping[str, int], dtype: str) -> dict[str, int] | None:
+        import torch
+
+        from layoutgen.dcp.layout import Shape, check_shape
+
+        N, H, D = point["N"], point["H"], point["D"]
+        try:
+            check_shape(spec, Shape(N, 1, H, D, getattr(torch, dtype)))
+        except (TypeError, ValueError):
+            return None  # e.g. H not divisible by N, or a row-tail spec with an odd D
+        return {"N": N, "Hl": H // N, "D": D}
+
+    def _sizes(self, problem: Any) -> tuple[int, int, int, int, int]:
+        """N, heads per peer, D, activation and wire element sizes of a problem."""
+        elem = {"bfloat16": 2, "float16": 2, "float32": 4}[problem.dtype]
+        wire = 4 if problem.spec.payload.dtype is PayloadDtype.FLOAT32 else elem
+        return problem.extent("N"), problem.extent("Hl"), problem.extent("D"), elem, wire
+
+    def workload(self, target: Any, bucket: int, device: Any, l2_bytes: int) -> Any:
+        from layoutgen.dcp.workload import DcpWorkload
+
+        return DcpWorkload(target, bucket, device, l2_bytes)
+
+    def default_config(self, problem: Any, bucket: int) -> Any:
+        from layoutgen.dcp.config import default_combine_config, default_pack_config
+
+        N, heads_per_peer, D, _, wire = self._sizes(problem)
+        make = {"pack": default_pack_config, "combine": default_combine_config}[problem.kernel]
+        return make(problem.spec, N, heads_per_peer, D, bucket, wire)
+
+    def bytes_moved(self, problem: Any, bucket: int) -> int:
+        """pack reads out + lse and writes the payload and LSE bytes it owns; combine reads N partials and
+        their LSEs and writes out."""
+        N, heads_per_peer, D, elem, wire = self._sizes(problem)
+        if problem.kernel == "pack":
+            return bucket * N * heads_per_peer * (D * (elem + wire) + 2 * LSE_BYTES)
+        return bucket * heads_per_peer * (N * (D * wire + LSE_BYTES) + D * elem)
+
+    def space_extents(self, problem: Any, bucket: int) -> SpaceExtents:
+        N, heads_per_peer, D, elem, wire = self._sizes(problem)
+        extents = {"peer": N, "batch": bucket, "head": heads_per_peer, "dim": D}
+        if problem.kernel == "pack":
+            return SpaceExtents(extents, problem.spec.payload.axes[-1], wire, 1)
+        return SpaceExtents(extents, "dim", elem, N)  # each output element loads N partials
+
+    def compile_variant(self, module: ModuleType, job: Mapping[str, Any], kernel_proxy: Any) -> None:
+        import torch
+
+        from layoutgen.dcp.layout import LayoutBuffers
+        from layoutgen.runtime.tensors import needs_int64
+
+        kernel, config_type = job["kernel"], self.kernel(job["kernel"]).config_type
+        dtype, batch = getattr(torch, job["dtype"]), job["batch"]
+        N, H, D = job["N"], job["H"], job["D"]
+        config = config_type.from_dict(job["config"])
+        bufs = LayoutBuffers.allocate(module.SPEC, N, job["capacity"], H, D, dtype, "meta")
+        if kernel == "pack":
+            out = torch.empty(batch, H, D, dtype=dtype, device="meta")
+            lse = torch.empty(batch, H, dtype=torch.float32, device="meta")
+            index_64 = needs_int64(out, lse, *bufs.tensors.values())
+            module._launch_pack(out, lse, bufs, batch, config, index_64, kernel=kernel_proxy)
+        else:
+            out = torch.empty(batch, H // N, D, dtype=dtype, device="meta")
+            index_64 = needs_int64(out, *bufs.tensors.values())
+            module._launch_combine(bufs, batch, out, None, False, config, index_64, kernel=kernel_proxy)
+
+    def byte_layout(self, spec: Any, shape: Mapping[str, int], dtype: str) -> Any:
+        from layoutgen.dcp.show import byte_layout
+
+        return byte_layout(spec, shape, dtype)
+
+
+FAMILY = DcpFamily()

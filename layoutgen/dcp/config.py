@@ -1,0 +1,98 @@
+"""The DCP kernels' launch configs and their heuristic defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+from layoutgen.config import LaunchConfig, next_pow2
+from layoutgen.dcp.spec import DcpSpec
+
+@dataclass(frozen=True)
+class _TileConfig(LaunchConfig):
+    """The tile both DCP kernels share: a box of batch x head x dim (pack adds peers)."""
+
+    block_batch: int
+    block_head: int
+    block_dim: int
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+@dataclass(frozen=True)
+class PackConfig(_TileConfig):
+    kernel: ClassVar[str] = "pack"
+    block_peer: int = 1
+
+
+@dataclass(frozen=True)
+class CombineConfig(_TileConfig):
+    kernel: ClassVar[str] = "combine"
+
+
+CONFIG_TYPES: dict[str, type[LaunchConfig]] = {"pack": PackConfig, "combine": CombineConfig}
+
+
+def _warps_for(tile_elements: int, elem_size: int) -> int:
+    # One 16-byte access per thread per pass: 4 warps move 2 KiB; more warps only help big tiles.
+    tile_bytes = tile_elements * elem_size
+    return max(1, min(16, tile_bytes // 2048)) if tile_bytes >= 2048 else 1
+
+
+def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: int, elem_size: int) -> PackConfig:
+    """A safe, reasonably fast starting point; the tuner replaces it per shape."""
+    innermost = spec.payload.axes[-1]
+    block_dim = min(next_pow2(D), 1024)
+    if innermost == "batch":
+        # Stores coalesce along batch: give the tile a run of rows, narrow the dim block to match.
+        block_batch = min(next_pow2(B), 32)
+        block_dim = min(block_dim, 64)
+        block_head, block_peer = 1, 1
+    elif innermost in ("peer", "head"):
+        block_batch = 1
+        block_peer = next_pow2(N) if innermost == "peer" else 1
+        block_head = min(next_pow2(heads_per_peer), max(1, 4096 // (block_dim * block_peer)))
+    else:
+        block_batch, block_peer = 1, 1
+        block_head = min(next_pow2(heads_per_peer), max(1, 4096 // block_dim))
+    config = PackConfig(
+        block_peer=block_peer,
+        block_batch=block_batch,
+        block_head=block_head,
+        block_dim=block_dim,
+        num_warps=1,
+    )
+    return dataclasses.replace(config, num_warps=_warps_for(config.tile_elements, elem_size))
+
+
+def default_combine_config(
+    spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: int, elem_size: int
+) -> CombineConfig:
+    """Small one-warp tiles, grown only until a program loads about 2048 elements over its N peers.
+
+    Each program loops over the N peers, so parallelism comes from many programs.  H200, bf16, D = 512
+    (benchmarks/results/): 2 heads x 128 elements x 1 warp was the best of a 27-config grid for vllm_a2a
+    at N = 8, B = 8 (1.88 µs) and B = 1024 (36.3 µs), where the earlier 4 x 512 x 4 warps took 2.94 µs
+    at B = 8; with N = 2 the same small tile starves each program (H = 16, B = 1024: 11.4 µs against
+    sglang's 7.8 µs with 512-element programs), hence the growth with 2048 / N.
+    """
+    if spec.payload.axes[-1] == "batch":
+        # Loads coalesce along batch: a run of rows, a narrow dim block.
+        block_batch, block_head, block_dim = min(next_pow2(B), 32), 1, min(next_pow2(D), 32)
+        return CombineConfig(block_batch=block_batch, block_head=block_head, block_dim=block_dim, num_warps=1)
+    heads, dims = next_pow2(heads_per_peer), next_pow2(D)
+    block_head, block_dim = min(2, heads), min(128, dims)
+
+    def programs() -> int:
+        return B * -(-heads_per_peer // block_head) * -(-D // block_dim)
+
+    while block_head * block_dim * N < 2048 and programs() >= 4 * 132:
+        if block_dim < min(512, dims):
+            block_dim *= 2
+        elif block_head < heads:
+            block_head *= 2
+        else:
+            break
+    warps = max(1, min(8, block_head * block_dim // 256))
+    return CombineConfig(block_batch=1, block_head=block_head, block_dim=block_dim, num_warps=warps)

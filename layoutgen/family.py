@@ -1,0 +1,331 @@
+"""Kernel families: the interface a family implements, and the registry that finds families by name.
+
+layoutgen's shared machinery -- spec loading, rendering, module loading, the plan cache and direct
+launch, the tuner, the tuning database, `show`/`diff` and the CLI -- knows no family's words.  Everything
+that does (logical axes, buffers, kernels and their arguments, the torch reference and its tolerances,
+defaults and search spaces, tuning workloads, byte-map vocabulary, distributed helpers) lives in one
+package per family, which exposes one `Family` object as its module attribute `FAMILY`.
+
+Adding a family is one package (the folder) plus one line in `BUILTIN_FAMILIES`; a family that lives
+outside layoutgen registers with `register()` or `LAYOUTGEN_FAMILIES` (see `layoutgen.settings`).
+
+Nothing here imports torch or Triton; a family is imported the first time it is asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from layoutgen.config import LaunchConfig
+    from layoutgen.show.model import ByteLayout
+    from layoutgen.spec import SpecBase
+    from layoutgen.tuning.objective import Target, Workload
+    from layoutgen.tuning.problem import Problem
+
+#: The families that ship with layoutgen: name -> the package that holds its `FAMILY`.
+BUILTIN_FAMILIES: dict[str, str] = {
+    "dcp": "layoutgen.dcp",
+}
+#: The family of a spec that names none (every spec written before families existed is a DCP spec).
+DEFAULT_FAMILY = "dcp"
+FAMILY_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+
+
+def content_hash(data: Any) -> str:
+    """sha256 of the canonical JSON of `data`: what an invalidation key is derived from."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Declarations a family makes about each of its kernels
+# ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SearchSpace:
+    """What one kernel template lets the tuner choose, and the rules that prune it before any compile.
+
+    A power-of-two block along each tiled logical axis (`blocks`: config field, axis), `num_warps` and
+    `num_stages`.  The pruning rules are the shared ones of `layoutgen.tuning.space`, parameterised here
+    so that the declaration (and so its hash, which every tuning-database entry records) says all of it.
+    """
+
+    blocks: tuple[tuple[str, str], ...]
+    num_warps: tuple[int, ...] = (1, 2, 4, 8, 16)
+    num_stages: tuple[int, ...] = (1,)
+    #: Largest block per axis (beyond the axis's own next power of two).
+    caps: Mapping[str, int] = field(default_factory=dict)
+    #: Caps that apply instead while the axis is the destination's innermost (stores coalesce along it).
+    innermost_caps: Mapping[str, int] = field(default_factory=dict)
+    #: A row segment along the innermost axis spans at least this many bytes (one DRAM sector).
+    sector_bytes: int = 32
+    #: At most this many tile elements per thread (values plus addresses must fit in registers).
+    max_elements_per_thread: int = 64
+    #: Beyond one warp, each thread loads at least this many bytes.
+    min_bytes_per_thread: int = 16
+    #: Each program loads at least this many bytes (unless the whole problem is smaller).
+    min_tile_bytes: int = 1024
+    #: Largest tile, in elements.
+    max_tile_elements: int = 1 << 16
+
+    def declaration(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["caps"], data["innermost_caps"] = dict(self.caps), dict(self.innermost_caps)
+        return data
+
+
+@dataclass(frozen=True)
+class KernelDecl:
+    """One kernel of a family, as the shared machinery sees it."""
+
+    #: The kernel's name: the generated module's public function, the tuning key's kernel, the CLI's --kernel.
+    name: str
+    #: Its template in the family's `templates/` folder; rendered on its own, so its source hash covers
+    #: exactly its code.
+    template: str
+    #: The launch-config type its launcher takes (a `layoutgen.config.LaunchConfig` subclass).
+    config_type: type[LaunchConfig]
+    space: SearchSpace
+    #: How the family's workload times it, beyond the shared timer (e.g. where its outputs go): hashed into
+    #: every tuning-database entry with the shared timer's own constants.
+    timing: Mapping[str, Any]
+    #: True for pure data movement (verified byte for byte), False for arithmetic judged by a tolerance.
+    exact: bool = True
+    #: One line for `layoutgen families` and the verification table.
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    """One dimension of a family's default tuning grid (e.g. peers N), with its CLI alias."""
+
+    name: str
+    defaults: tuple[int, ...]
+    interpret: tuple[int, ...]
+    help: str
+    #: `layoutgen tune --<alias> 2 4` is read as `--shape <name>=2,4`.
+    alias: str | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One verified kernel of one spec: `build` prints one line per check."""
+
+    kernel: str
+    passed: bool
+    #: What was compared and how close it came, e.g. "bytes identical in 5 shapes" or "max 0.41 of tolerance".
+    detail: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    spec_name: str
+    family: str
+    checks: tuple[Check, ...]
+    failures: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and all(check.passed for check in self.checks)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The interface
+# ----------------------------------------------------------------------------------------------------------
+class Family(ABC):
+    """A family of layout-parameterised kernels.  Subclass it in a package and expose one instance as the
+    package's `FAMILY`; the shared machinery calls nothing but what is declared here."""
+
+    #: The spec's `family:` value.
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    #: The pydantic model of the family's specs (a `layoutgen.spec.SpecBase` subclass).
+    spec_model: ClassVar[type[SpecBase]]
+    kernels: ClassVar[tuple[KernelDecl, ...]]
+    #: Names of the extents a tuning key is specific to, in key order (e.g. ("N", "Hl", "D")).
+    key_extents: ClassVar[tuple[str, ...]]
+    #: The default tuning grid's axes (not the key's: e.g. total heads H where the key holds H/N) ...
+    grid_axes: ClassVar[tuple[GridAxis, ...]]
+    #: ... and its size bucket: runtime dispatch maps a live size to the smallest tuned bucket >= it.
+    bucket: ClassVar[GridAxis]
+    #: Activation dtypes the kernels take, by name (torch attribute names), the grid's default first.
+    dtypes: ClassVar[tuple[str, ...]]
+    default_dtypes: ClassVar[tuple[str, ...]] = ("bfloat16",)
+
+    # -- where its files are -------------------------------------------------------------------------------
+    @property
+    def package_dir(self) -> Path:
+        module = importlib.import_module(type(self).__module__)
+        return Path(module.__file__ or "").resolve().parent
+
+    @property
+    def template_dir(self) -> Path:
+        return self.package_dir / "templates"
+
+    @property
+    def spec_dir(self) -> Path:
+        """The family's bundled specs (`<name>.yaml`, one generated module each)."""
+        return self.package_dir / "specs"
+
+    def kernel(self, name: str) -> KernelDecl:
+        for declared in self.kernels:
+            if declared.name == name:
+                return declared
+        known = ", ".join(k.name for k in self.kernels)
+        raise ValueError(f"family {self.name!r} has no kernel {name!r}; its kernels: {known}")
+
+    # -- rendering -----------------------------------------------------------------------------------------
+    #: The module template, rendered with the context below plus the shared names (see `layoutgen.codegen`).
+    module_template: ClassVar[str] = "module.py.jinja"
+
+    @abstractmethod
+    def render_context(self, spec: Any) -> dict[str, Any]:
+        """Everything the family's templates need, derived from the spec alone (never its summary)."""
+
+    # -- verification (`layoutgen build`) ---------------------------------------------------------------------
+    @abstractmethod
+    def verify(self, module: ModuleType, device: str) -> VerifyReport:
+        """Run the generated module on small random problems against the family's torch reference."""
+
+    # -- tuning -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def key_shapes(self, spec: Any, kernel: str, point: Mapping[str, int], dtype: str) -> dict[str, int] | None:
+        """The key extents of one grid point (e.g. N=4, H=128, D=512 -> N=4, Hl=32, D=512), or None when the
+        spec cannot hold that point (the tuner skips it)."""
+
+    @abstractmethod
+    def workload(self, target: Target, bucket: int, device: Any, l2_bytes: int) -> Workload:
+        """Gate buffers and rotating timing inputs of one target (a problem and its generated module) at one
+        bucket (`layoutgen.tuning.objective.Workload`)."""
+
+    def grid_points(self, given: Mapping[str, list[int]], interpret: bool) -> list[dict[str, int]]:
+        """The grid points to tune: the product over `grid_axes` of the given values, each axis that was not
+        given taking its defaults (or, under the interpreter, its tiny values)."""
+        points: list[dict[str, int]] = [{}]
+        for axis in self.grid_axes:
+            values = given.get(axis.name) or (axis.interpret if interpret else axis.defaults)
+            points = [{**point, axis.name: value} for point in points for value in values]
+        return points
+
+    @abstractmethod
+    def bytes_moved(self, problem: Problem, bucket: int) -> int:
+        """DRAM bytes one call must move (what the tuner's TB/s and rotating input sets are computed from)."""
+
+    @abstractmethod
+    def default_config(self, problem: Problem, bucket: int) -> LaunchConfig:
+        """The heuristic config `config=None` falls back to (and the tuner's first candidate)."""
+
+    @abstractmethod
+    def space_extents(self, problem: Problem, bucket: int) -> SpaceExtents:
+        """What the shared pruning rules need to know of a problem (see `SpaceExtents`)."""
+
+    @abstractmethod
+    def compile_variant(self, module: ModuleType, job: Mapping[str, Any], kernel_proxy: Any) -> None:
+        """Run the kernel's launcher with `meta` tensors for the variant `job` (`Workload.compile_job`) and
+        `kernel_proxy` as the kernel: the tuner's compile pool compiles without launching."""
+
+    # -- show / diff ---------------------------------------------------------------------------------------
+    @abstractmethod
+    def byte_layout(self, spec: Any, shape: Mapping[str, int], dtype: str) -> ByteLayout:
+        """The buffers of `spec` at a drawing shape and where each logical element lives in them."""
+
+    #: The drawing shape's extents with their defaults, e.g. {"N": 4, "B": 2, "H": 8, "D": 16}.
+    show_shape: ClassVar[Mapping[str, int]]
+    #: CLI aliases of the drawing shape's extents: `show --<alias> V` is read as `--shape <extent>=V`.
+    show_aliases: ClassVar[Mapping[str, str]] = {}
+
+    def describe(self) -> dict[str, Any]:
+        """What `layoutgen families` prints."""
+        return {
+            "family": self.name,
+            "summary": self.summary,
+            "kernels": {k.name: k.summary for k in self.kernels},
+            "key": [*self.key_extents, "dtype", self.bucket.name],
+            "grid": {axis.name: list(axis.defaults) for axis in (*self.grid_axes, self.bucket)},
+        }
+
+
+@dataclass(frozen=True)
+class SpaceExtents:
+    """A problem as the shared pruning rules see it: the extent of every tiled axis at the bucket, the
+    destination's innermost axis (stores coalesce along it), the bytes of one element moved, and how many
+    source elements each destination element loads (N for a merge of N partials, 1 for a copy)."""
+
+    extents: Mapping[str, int]
+    innermost: str
+    elem_bytes: int
+    loads_per_element: int = 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------------------
+_lock = threading.Lock()
+_registered: dict[str, str] = {}
+_families: dict[str, Family] = {}
+
+
+def register(name: str, module: str) -> None:
+    """Register the family `name` whose package (importable as `module`) exposes `FAMILY`."""
+    if not re.fullmatch(FAMILY_NAME_PATTERN, name):
+        raise ValueError(f"family name {name!r} must match {FAMILY_NAME_PATTERN}")
+    with _lock:
+        if _known().get(name, module) != module:
+            raise ValueError(f"family {name!r} is already registered as {_known()[name]}; pick another name")
+        _registered[name] = module
+
+
+def unregister(name: str) -> None:
+    """Forget a family registered with `register` (tests)."""
+    with _lock:
+        _registered.pop(name, None)
+        _families.pop(name, None)
+
+
+def _from_environment() -> dict[str, str]:
+    from layoutgen.settings import settings
+
+    return dict(settings.families)
+
+
+def _known() -> dict[str, str]:
+    return {**BUILTIN_FAMILIES, **_from_environment(), **_registered}
+
+
+def family_names() -> list[str]:
+    return sorted(_known())
+
+
+def get_family(name: str) -> Family:
+    """The family registered as `name`; ValueError naming the known ones otherwise."""
+    family = _families.get(name)
+    if family is not None:
+        return family
+    known = _known()
+    if name not in known:
+        raise ValueError(f"unknown family {name!r}; known families: {', '.join(sorted(known))}")
+    module = importlib.import_module(known[name])
+    family = getattr(module, "FAMILY", None)
+    if not isinstance(family, Family):
+        raise TypeError(f"module {known[name]} of family {name!r} must expose a layoutgen.family.Family as FAMILY")
+    if family.name != name:
+        raise ValueError(f"module {known[name]} is registered as family {name!r} but its FAMILY is {family.name!r}")
+    with _lock:
+        _families[name] = family
+    return family
+
+
+def families() -> list[Family]:
+    return [get_family(name) for name in family_names()]
+
+
+

@@ -1,0 +1,140 @@
+"""Every `LAYOUTGEN_*` environment variable, declared once: its name, type, default and meaning.
+
+`settings.<attribute>` reads the environment at the moment it is asked (so a test's monkeypatch or a
+parent's export takes effect), parsed by the variable's type; nothing else in layoutgen reads
+`os.environ` for a `LAYOUTGEN_*` name.  `VARIABLES` is the table the README documents (a test keeps the
+two in step).  The shapes follow Triton's `knobs.py`: one typed descriptor per variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar, overload
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Variable(Generic[T]):
+    """One environment variable: `parse` turns its stripped, non-empty text into a value."""
+
+    name: str
+    help: str
+    parse: Callable[[str], T]
+    default: T
+
+    def read(self) -> T:
+        text = os.environ.get(self.name, "").strip()
+        return self.default if not text else self.parse(text)
+
+    def raw(self) -> str:
+        return os.environ.get(self.name, "").strip()
+
+
+class _Descriptor(Generic[T]):
+    def __init__(self, variable: Variable[T]) -> None:
+        self.variable = variable
+
+    @overload
+    def __get__(self, owner: None, kind: type) -> _Descriptor[T]: ...
+    @overload
+    def __get__(self, owner: object, kind: type) -> T: ...
+    def __get__(self, owner: object | None, kind: type) -> Any:
+        return self if owner is None else self.variable.read()
+
+
+def _flag(text: str) -> bool:
+    return text not in ("0", "false", "no", "off")
+
+
+def _path(text: str) -> Path:
+    return Path(os.path.expanduser(text))  # unlike Path.expanduser, never raises for `~nobody`
+
+
+def _families(text: str) -> dict[str, str]:
+    pairs = {}
+    for item in text.split(","):
+        name, separator, module = item.strip().partition("=")
+        if not separator or not name.strip() or not module.strip():
+            raise ValueError(
+                f"LAYOUTGEN_FAMILIES must be NAME=MODULE pairs separated by commas, e.g. "
+                f"'stridecopy=my_package.stridecopy'; got {text!r}"
+            )
+        pairs[name.strip()] = module.strip()
+    return pairs
+
+
+DEBUG = Variable("LAYOUTGEN_DEBUG", "`1`: show tracebacks for CLI errors", _flag, False)
+TUNING_DB = Variable(
+    "LAYOUTGEN_TUNING_DB",
+    "a directory of tuning databases (`<device>.json`) searched before the packaged `tuning_db/`; per entry "
+    "the first current match wins",
+    _path,
+    None,
+)
+CONFIG = Variable(
+    "LAYOUTGEN_CONFIG",
+    "JSON forcing launch configs of calls made with `config=None`, by kernel name, for debugging and "
+    'determinism: `{"pack": {"block_head": 4, "num_warps": 4}, "combine": {"num_warps": 8}}`; fields left '
+    "out keep the heuristic default's value (the tuning database is not consulted); a malformed value "
+    "raises `ValueError` at the first call",
+    str,
+    "",
+)
+CACHE_DIR = Variable(
+    "LAYOUTGEN_CACHE_DIR",
+    "layoutgen's cache directory (default: `platformdirs.user_cache_dir(\"layoutgen\")`): the tuner's "
+    "default study journal `tuning/studies.journal`, modules rendered from `--spec FILE.yaml`, the "
+    "`--interpret` database",
+    _path,
+    None,
+)
+FAMILIES = Variable(
+    "LAYOUTGEN_FAMILIES",
+    "kernel families outside layoutgen, `NAME=MODULE[,NAME=MODULE...]`: each MODULE exposes a "
+    "`layoutgen.family.Family` as `FAMILY` (`layoutgen.family.register` does the same in code)",
+    _families,
+    {},
+)
+TEST_POSTGRES_URL = Variable(
+    "LAYOUTGEN_TEST_POSTGRES_URL",
+    "PostgreSQL server for `tests/test_tuning_postgres.py` (default: the URL `.ci/postgres` writes to "
+    "`/tmp/layoutgen_pg_url`); each test creates and drops its own database",
+    str,
+    "",
+)
+SGLANG_DCP_KERNELS = Variable(
+    "LAYOUTGEN_SGLANG_DCP_KERNELS",
+    "path to sglang's `dcp_kernels.py` for the interop test and the baseline benchmark (default: the "
+    "installed `sglang` package, `pip install --no-deps sglang==0.5.23`)",
+    _path,
+    None,
+)
+
+VARIABLES: tuple[Variable[Any], ...] = (
+    DEBUG,
+    TUNING_DB,
+    CONFIG,
+    CACHE_DIR,
+    FAMILIES,
+    TEST_POSTGRES_URL,
+    SGLANG_DCP_KERNELS,
+)
+
+
+class Settings:
+    """Typed access to the variables above, read when asked."""
+
+    debug = _Descriptor(DEBUG)
+    tuning_db = _Descriptor(TUNING_DB)
+    config = _Descriptor(CONFIG)
+    cache_dir = _Descriptor(CACHE_DIR)
+    families = _Descriptor(FAMILIES)
+    test_postgres_url = _Descriptor(TEST_POSTGRES_URL)
+    sglang_dcp_kernels = _Descriptor(SGLANG_DCP_KERNELS)
+
+
+settings = Settings()

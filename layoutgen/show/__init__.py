@@ -1,0 +1,1 @@
+"""Byte maps of a layout (being split into model, text, PNG and diff)."""
