@@ -17,17 +17,24 @@ BUNDLED = ("pynccl_a2a", "pynccl_a2a_aligned", "flashinfer_mnnvl", "vllm_a2a")
 #: Odd heads per peer, D not a power of two, padding that is not the LSE's own width.
 AWKWARD_SHAPE = ["--N", "2", "--batch", "1", "--heads", "6", "--D", "10", "--dtype", "float16"]
 
-#: golden file name -> `layoutgen` arguments
+#: Layout pairs whose diff is kept twice: the default summary (`diff_A_B.txt`) and with every run
+#: (`diff_A_B_runs.txt`).
+DIFF_PAIRS = (
+    ("pynccl_a2a", "pynccl_a2a_aligned"),
+    ("pynccl_a2a", "vllm_a2a"),
+    ("pynccl_a2a", "flashinfer_mnnvl"),
+    ("vllm_a2a", "flashinfer_mnnvl"),
+    ("vllm_a2a", "vllm_a2a"),
+)
+
+#: golden file name -> `layoutgen` arguments, as typed on a command line (family aliases such as --heads included)
 CASES: dict[str, list[str]] = {
     **{f"show_{name}.txt": ["show", name] for name in BUNDLED},
     **{f"show_{name}.json": ["show", name, "--json"] for name in BUNDLED},
     "show_pynccl_a2a_aligned_awkward.txt": ["show", "pynccl_a2a_aligned", *AWKWARD_SHAPE],
     "show_flashinfer_mnnvl_float32.txt": ["show", "flashinfer_mnnvl", "--N", "2", "--batch", "1", "--dtype", "float32"],
-    "diff_pynccl_a2a_pynccl_a2a_aligned.txt": ["diff", "pynccl_a2a", "pynccl_a2a_aligned"],
-    "diff_pynccl_a2a_vllm_a2a.txt": ["diff", "pynccl_a2a", "vllm_a2a"],
-    "diff_pynccl_a2a_flashinfer_mnnvl.txt": ["diff", "pynccl_a2a", "flashinfer_mnnvl"],
-    "diff_vllm_a2a_flashinfer_mnnvl.txt": ["diff", "vllm_a2a", "flashinfer_mnnvl"],
-    "diff_vllm_a2a_vllm_a2a.txt": ["diff", "vllm_a2a", "vllm_a2a"],
+    **{f"diff_{a}_{b}.txt": ["diff", a, b] for a, b in DIFF_PAIRS},
+    **{f"diff_{a}_{b}_runs.txt": ["diff", a, b, "--runs"] for a, b in DIFF_PAIRS},
     "diff_pynccl_a2a_flashinfer_mnnvl.json": ["diff", "pynccl_a2a", "flashinfer_mnnvl", "--json"],
 }
 
@@ -43,12 +50,14 @@ PLAIN_ENV: dict[str, str | None] = {
 
 
 def run_case(args: list[str]) -> str:
-    """stdout of `layoutgen ARGS`, run in-process through typer's test runner."""
+    """stdout of `layoutgen ARGS`, run in-process through typer's test runner after the rewriting `main` does
+    (a family's aliases become `--shape`)."""
     from typer.testing import CliRunner
 
     from layoutgen.cli import app
+    from layoutgen.cli.common import expand_arguments
 
-    result = CliRunner().invoke(app, args, env=PLAIN_ENV)
+    result = CliRunner().invoke(app, expand_arguments(args), env=PLAIN_ENV)
     if result.exit_code != 0:
         raise RuntimeError(f"layoutgen {' '.join(args)} exited {result.exit_code}: {result.output}{result.exception!r}")
     return result.stdout

@@ -5,25 +5,39 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from layoutgen import reference
+from layoutgen.dcp import reference
+from layoutgen.dcp.layout import LayoutBuffers
+from layoutgen.dcp.spec import DcpSpec
 from layoutgen.show import (
     MAX_MAP_BYTES,
+    Buffer,
+    ByteLayout,
     ByteMap,
-    Problem,
-    allocate,
+    Kind,
+    Legend,
+    LegendEntry,
+    Look,
+    Placement,
+    axes_label,
+    build_byte_map,
     byte_map,
+    diff_byte_layouts,
     diff_layouts,
-    problem_from,
+    diff_renderable,
+    diff_to_json,
+    render_text,
+    renderable,
     to_json,
     write_png,
 )
-from layoutgen.spec import LayoutSpec, bundled_specs, parse_spec_text
+from layoutgen.spec import bundled_specs, parse_spec_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CANARY = 0xA5
@@ -61,17 +75,24 @@ stats: {placement: separate, axes: [peer, slot, batch, head], slots: 3, slot: 2}
 }
 
 
-def all_specs() -> dict[str, LayoutSpec]:
+def all_specs() -> dict[str, DcpSpec]:
     specs = dict(bundled_specs())
     specs.update({name: parse_spec_text(text, f"<{name}>") for name, text in EXTRA_SPECS.items()})
     return specs
 
 
-SHAPES = [
-    problem_from(4, 2, 8, 16, "bfloat16"),  # the CLI's default
-    problem_from(2, 1, 6, 10, "float16"),  # B = 1, odd heads per peer, D not a power of two
-    problem_from(3, 3, 3, 6, "float32"),  # one head per peer, float32 rows
+#: (drawing shape, dtype): the CLI's default; B = 1, odd heads per peer, D not a power of two; one head per
+#: peer, float32 rows.
+SHAPES: list[tuple[dict[str, int], str]] = [
+    ({"N": 4, "B": 2, "H": 8, "D": 16}, "bfloat16"),
+    ({"N": 2, "B": 1, "H": 6, "D": 10}, "float16"),
+    ({"N": 3, "B": 3, "H": 3, "D": 6}, "float32"),
 ]
+
+
+def _shape_id(case: tuple[dict[str, int], str]) -> str:
+    shape, dtype = case
+    return "".join(f"{name}{value}" for name, value in shape.items()) + dtype
 
 
 @pytest.mark.parametrize("case", sorted(regen.CASES))
@@ -93,16 +114,17 @@ def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-def _check_against_reference(bmap: ByteMap, spec: LayoutSpec, problem: Problem) -> None:
+def _check_against_reference(bmap: ByteMap, spec: DcpSpec, shape: dict[str, int], dtype: str) -> None:
     """Pack distinct random values with the reference and check every claim of the map byte by byte."""
-    bufs = allocate(spec, problem)
+    N, B, H, D = shape["N"], shape["B"], shape["H"], shape["D"]
+    bufs = LayoutBuffers.allocate(spec, N, B + 1, H, D, getattr(torch, dtype), "cpu")
     for tensor in bufs.tensors.values():
         _bytes_of(tensor).fill_(CANARY)
-    gen = torch.Generator().manual_seed(problem.N * 1000 + problem.B * 10 + problem.D)
-    out = torch.randn(problem.B, problem.H, problem.D, generator=gen).to(problem.dtype)
-    lse = torch.randn(problem.B, problem.H, generator=gen) * 8
+    gen = torch.Generator().manual_seed(N * 1000 + B * 10 + D)
+    out = torch.randn(B, H, D, generator=gen).to(getattr(torch, dtype))
+    lse = torch.randn(B, H, generator=gen) * 8
     reference.pack(out, lse, bufs)
-    N, B, h, D = problem.N, problem.B, problem.heads_per_peer, problem.D
+    h = H // N
     wire = bufs.tensors["payload"].dtype
     per_peer_out = out.to(wire).reshape(B, N, h, D).permute(1, 0, 2, 3)  # [peer, batch, head, d]
     per_peer_lse = lse.reshape(B, N, h).permute(1, 0, 2)  # [peer, batch, head]
@@ -115,11 +137,13 @@ def _check_against_reference(bmap: ByteMap, spec: LayoutSpec, problem: Problem) 
         if run.kind in ("padding", "unused"):
             assert bool((got == CANARY).all()), f"{run} was written by the reference"
             continue
-        assert run.peer and run.batch and run.head
-        index = (slice(*run.peer), slice(*run.batch), slice(*run.head))
+        peer, batch, head = run.range("peer"), run.range("batch"), run.range("head")
+        assert peer and batch and head
+        index = (slice(*peer), slice(*batch), slice(*head))
         if run.kind == "payload":
-            assert run.dim is not None
-            want = per_peer_out[(*index, slice(*run.dim))]
+            dim = run.range("dim")
+            assert dim is not None
+            want = per_peer_out[(*index, slice(*dim))]
             counts["payload"] += want.numel()
         else:
             want = per_peer_lse[index]
@@ -132,30 +156,30 @@ def _check_against_reference(bmap: ByteMap, spec: LayoutSpec, problem: Problem) 
     assert counts == {"payload": N * B * h * D, "lse": N * B * h}
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda p: f"N{p.N}B{p.B}H{p.H}D{p.D}{p.dtype_name}")
+@pytest.mark.parametrize("case", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("name", sorted(all_specs()))
-def test_byte_map_agrees_with_reference(name: str, shape: Problem) -> None:
+def test_byte_map_agrees_with_reference(name: str, case: tuple[dict[str, int], str]) -> None:
     spec = all_specs()[name]
-    _check_against_reference(byte_map(spec, shape), spec, shape)
+    _check_against_reference(byte_map(spec, *case), spec, *case)
 
 
 def test_reference_check_catches_a_wrong_map() -> None:
     """The check above can fail: swap the labels of two payload runs and it must object."""
-    spec, shape = bundled_specs()["vllm_a2a"], SHAPES[0]
-    bmap = byte_map(spec, shape)
+    spec, case = bundled_specs()["vllm_a2a"], SHAPES[0]
+    bmap = byte_map(spec, *case)
     runs = list(bmap.runs)
     first, second = [i for i, run in enumerate(runs) if run.kind == "payload"][:2]
     runs[first], runs[second] = (
-        dataclasses.replace(runs[first], head=runs[second].head),
-        dataclasses.replace(runs[second], head=runs[first].head),
+        dataclasses.replace(runs[first], ranges={**runs[first].ranges, "head": runs[second].ranges["head"]}),
+        dataclasses.replace(runs[second], ranges={**runs[second].ranges, "head": runs[first].ranges["head"]}),
     )
     with pytest.raises(AssertionError, match="not what the reference wrote"):
-        _check_against_reference(ByteMap(bmap.spec, bmap.problem, bmap.buffers, tuple(runs)), spec, shape)
+        _check_against_reference(dataclasses.replace(bmap, runs=tuple(runs)), spec, *case)
 
 
 def test_json_is_the_map() -> None:
     spec = bundled_specs()["flashinfer_mnnvl"]
-    bmap = byte_map(spec, SHAPES[1])
+    bmap = byte_map(spec, *SHAPES[1])
     data = json.loads(to_json(bmap))
     assert data["shape"] == {"N": 2, "B": 1, "B_max": 2, "H": 6, "heads_per_peer": 3, "D": 10, "dtype": "float16"}
     assert [run["kind"] for run in data["runs"]] == [run.kind for run in bmap.runs]
@@ -173,27 +197,24 @@ def test_json_is_the_map() -> None:
 def test_summary_facts(name: str, store: int, padding: int) -> None:
     from layoutgen.show import facts
 
-    found = facts(byte_map(bundled_specs()[name], SHAPES[0]))
-    assert found.payload_store_bytes == store
-    assert found.padding_bytes == padding  # live rows only: a row b >= B counts as unused, padding included
+    found = facts(byte_map(bundled_specs()[name], *SHAPES[0]))
+    assert found.store_bytes["payload"] == store
+    assert found.kind_bytes["padding"] == padding  # live rows only: a row b >= B counts as unused, padding included
 
 
 @pytest.mark.parametrize("pair", [("pynccl_a2a", "flashinfer_mnnvl"), ("vllm_a2a", "pynccl_a2a_aligned")])
 def test_diff_agrees_with_both_byte_maps(pair: tuple[str, str]) -> None:
     specs = bundled_specs()
-    shape = SHAPES[1]
-    diff = diff_layouts(specs[pair[0]], specs[pair[1]], shape)
+    shape, dtype = SHAPES[1]
+    diff = diff_layouts(specs[pair[0]], specs[pair[1]], shape, dtype)
     for side, name in zip(("a", "b"), pair, strict=True):
-        bmap = byte_map(specs[name], shape)
+        bmap = byte_map(specs[name], shape, dtype)
         where: dict[tuple[str, tuple[int, ...]], tuple[str, int]] = {}
         for run in bmap.runs:
             if run.kind not in ("payload", "lse"):
                 continue
-            assert run.peer and run.batch and run.head
-            ranges = [range(*run.peer), range(*run.batch), range(*run.head)]
-            if run.kind == "payload":
-                assert run.dim is not None
-                ranges.append(range(*run.dim))
+            axes = ("peer", "batch", "head", "dim") if run.kind == "payload" else ("peer", "batch", "head")
+            ranges = [range(*run.ranges[axis]) for axis in axes]
             elements = torch.cartesian_prod(*[torch.tensor(list(r)) for r in ranges]).reshape(-1, len(ranges))
             size = run.length // len(elements)
             for i, element in enumerate(elements.tolist()):
@@ -201,7 +222,7 @@ def test_diff_agrees_with_both_byte_maps(pair: tuple[str, str]) -> None:
         seen = 0
         for drun in diff.runs:
             buffer, offset, length = (getattr(drun, f"{side}_{field}") for field in ("buffer", "offset", "length"))
-            shape_ = (shape.N, shape.B, shape.heads_per_peer, shape.D)[: len(drun.first)]
+            shape_ = (shape["N"], shape["B"], shape["H"] // shape["N"], shape["D"])[: len(drun.first)]
             start = int(torch.tensor(drun.first) @ torch.tensor(_row_major_strides(shape_)))
             for i in range(drun.count):
                 element = tuple(int(x) for x in torch.unravel_index(torch.tensor(start + i), shape_))
@@ -220,10 +241,10 @@ def _row_major_strides(shape: tuple[int, ...]) -> list[int]:
 
 def test_diff_of_a_layout_with_itself_is_identical() -> None:
     spec = bundled_specs()["pynccl_a2a"]
-    diff = diff_layouts(spec, spec, SHAPES[0])
+    diff = diff_layouts(spec, spec, *SHAPES[0])
     assert diff.identical
     assert diff.same_place == 4 * 2 * 2 * (16 + 1)
-    other = diff_layouts(spec, bundled_specs()["pynccl_a2a_aligned"], SHAPES[0])
+    other = diff_layouts(spec, bundled_specs()["pynccl_a2a_aligned"], *SHAPES[0])
     assert not other.identical
     assert other.same_place == 16 + 1  # peer 0, batch 0, head 0: the first row starts at byte 0 in both
 
@@ -231,14 +252,16 @@ def test_diff_of_a_layout_with_itself_is_identical() -> None:
 def test_png_is_written(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the PNG needs the optional dependency layoutgen[plot]")
     path = tmp_path / "sub" / "map.png"
-    size = write_png(byte_map(bundled_specs()["flashinfer_mnnvl"], SHAPES[0]), path)
+    size = write_png(byte_map(bundled_specs()["flashinfer_mnnvl"], *SHAPES[0]), path)
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert size == len(data) > 10_000
     assert [p.name for p in path.parent.iterdir()] == ["map.png"]  # no temporary file left behind
 
 
-def test_cli_png_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """`layoutgen ARGS` through the real entry point: (exit code, stdout, stderr)."""
     from layoutgen.cli import main
 
     def run(*args: str) -> tuple[int, str, str]:
@@ -251,29 +274,120 @@ def test_cli_png_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 
-    code, _, err = run("show", "no_such_spec")
+    return run
+
+
+def test_cli_png_and_bad_input(tmp_path: Path, run_cli) -> None:
+    code, _, err = run_cli("show", "no_such_spec")
     assert code == 2 and "no bundled spec named 'no_such_spec'" in err and "pynccl_a2a" in err
-    code, _, err = run("show", "vllm_a2a", "--heads", "6")
+    code, _, err = run_cli("show", "vllm_a2a", "--heads", "6")
     assert code == 2 and "H (number of heads) must be divisible by N" in err
-    code, _, err = run("diff", "vllm_a2a", str(tmp_path / "missing.yaml"))
+    code, _, err = run_cli("diff", "vllm_a2a", str(tmp_path / "missing.yaml"))
     assert code == 2 and "missing.yaml" in err and "no such file" in err
     bad = tmp_path / "bad.yaml"
     bad.write_text(EXTRA_SPECS["slot_outer"].replace("slot: 2", "slot: 3"))
-    code, _, err = run("show", str(bad))
+    code, _, err = run_cli("show", str(bad))
     assert code == 2 and "stats.slot" in err
     good = tmp_path / "batch_inner_fp32.yaml"
     good.write_text(EXTRA_SPECS["batch_inner_fp32"])
-    code, out, _ = run("show", str(good), "--N", "2", "--heads", "2", "--D", "4")
+    code, out, _ = run_cli("show", str(good), "--N", "2", "--heads", "2", "--D", "4")
     assert code == 0 and "p1 b0..1 h0 lse" in out
+    code, same, _ = run_cli("show", str(good), "--shape", "N=2", "--shape", "H=2", "--shape", "D=4")
+    assert code == 0 and same == out
     if importlib.util.find_spec("matplotlib") is not None:
-        code, _, err = run("show", "pynccl_a2a", "--png", str(tmp_path / "p.png"))
+        code, _, err = run_cli("show", "pynccl_a2a", "--png", str(tmp_path / "p.png"))
         assert code == 0 and (tmp_path / "p.png").stat().st_size > 10_000 and "wrote" in err
 
 
 def test_large_maps_are_refused() -> None:
     with pytest.raises(ValueError, match="a drawing is limited"):
-        byte_map(bundled_specs()["vllm_a2a"], problem_from(8, 64, 64, 512, "float32"))
+        byte_map(bundled_specs()["vllm_a2a"], {"N": 8, "B": 64, "H": 64, "D": 512}, "float32")
     assert MAX_MAP_BYTES < 8 * 65 * 64 * 512 * 4
+
+
+def test_huge_shape_is_refused_before_allocating(run_cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape larger than memory gets the size message, not a MemoryError: the size is computed first."""
+
+    def no_allocation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("buffers were allocated before the size check")
+
+    monkeypatch.setattr(LayoutBuffers, "allocate", no_allocation)
+    with pytest.raises(ValueError, match="hold 4800000096 bytes; a drawing is limited to 1048576 bytes"):
+        byte_map(bundled_specs()["pynccl_a2a"], {"D": 100_000_000}, "bfloat16")
+    code, out, err = run_cli("show", "pynccl_a2a", "--shape", "D=100000000")
+    assert code == 2 and out == "" and "a drawing is limited" in err and "MemoryError" not in err
+
+
+def test_diff_prints_a_summary_unless_runs_are_asked_for(run_cli) -> None:
+    code, summary, _ = run_cli("diff", "pynccl_a2a", "flashinfer_mnnvl")
+    assert code == 0 and "logical element(s)" not in summary and "--runs lists every run" in summary
+    assert len(summary.splitlines()) < 12
+    code, with_runs, _ = run_cli("diff", "pynccl_a2a", "flashinfer_mnnvl", "--runs")
+    diff = diff_layouts(bundled_specs()["pynccl_a2a"], bundled_specs()["flashinfer_mnnvl"], *SHAPES[0])
+    assert code == 0 and "logical element(s)" in with_runs
+    buffers, table, _ = with_runs.split("\n\n")
+    assert summary.startswith(buffers + "\n\n") and len(summary.split("\n\n")) == 2
+    assert len(table.splitlines()) == 1 + len(diff.runs)  # the header, then one line per run
+    assert render_text(diff_renderable(diff)) == summary
+    assert render_text(diff_renderable(diff, runs=True)) == with_runs
+
+
+#: Words of the DCP family that the shared show machinery must not contain (they come from a ByteLayout).
+DCP_WORDS = ("peer", "batch", "head", "dim", "lse", "stats", "slot", "payload", "row_tail", "rowtail")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "layoutgen" / "show").glob("*.py")), ids=lambda p: p.name)
+def test_show_machinery_speaks_no_family_words(path: Path) -> None:
+    """Identifiers, strings, docstrings and comments alike: `_` separates words (`peer_count` is caught),
+    letters do not (`header`, `ndim` are not)."""
+    pattern = re.compile(rf"(?<![a-z0-9])({'|'.join(DCP_WORDS)})(e?s)?(?![a-z0-9])")
+    found = [
+        f"{path.name}:{number}: {line.strip()}"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line.lower().replace("_", " ")) or "row_tail" in line.lower()
+    ]
+    assert not found, "family words in shared code:\n" + "\n".join(found)
+
+
+def test_another_family_vocabulary_draws_and_diffs() -> None:
+    """Nothing in the machinery is DCP's: a made-up two-rank layout with its own words draws and diffs."""
+
+    def layout(name: str, rank_outer: bool) -> ByteLayout:
+        wire = torch.zeros((2, 3, 4) if rank_outer else (3, 2, 4), dtype=torch.float16)
+        axes = ("rank", "token", "lane") if rank_outer else ("token", "rank", "lane")
+        logical = wire if rank_outer else wire.permute(1, 0, 2)
+        kinds = (Kind("q", Look.COLOURED, store_fact=True), Kind("spare", Look.VOID, byte_total=True))
+        letters = {"rank": "r", "token": "t", "lane": "l"}
+        return ByteLayout(
+            name=name,
+            shape_text="2 ranks, 2 of 3 tokens, 4 lanes",
+            buffers=(Buffer("wire", wire, axes),),
+            placements=(Placement("q", logical[:, :2], ("rank", "token", "lane")),),
+            kinds=kinds,
+            axis_letters=letters,
+            colour_axis="rank",
+            label=lambda run: " ".join([*axes_label(run, ("rank", "token", "lane"), letters), run.kind]),
+            legend=Legend("ranks", (LegendEntry("spare", "spare", "a token slot no one uses", "spare"),), "r rank"),
+            summary=lambda bmap, found: f"{found.kind_bytes['spare']} spare bytes.",
+            elements_phrase=lambda counts: f"{counts['q']} q elements",
+            json_header={"layout": name},
+            shape_json={"ranks": 2},
+            unassigned=lambda info, coords: torch.ones(len(coords), dtype=torch.int64),
+        )
+
+    bmap = build_byte_map(layout("rank_outer", True))
+    text = render_text(renderable(bmap))
+    assert "ranks:  r0   r1 " in text and "r1 t0 l0..3 q" in text and "r0 t2 l0..3 spare" in text
+    assert "16 spare bytes." in text
+    data = json.loads(to_json(bmap))
+    assert data["layout"] == "rank_outer" and data["facts"]["q_store_bytes"] == 8
+    assert data["facts"]["buffers"][0]["rank_block_bytes"] == 24 and data["facts"]["spare_bytes"] == 16
+    assert data["runs"][0] == {"buffer": "wire", "offset": 0, "length": 8, "kind": "q", "rank": [0, 1],
+                               "token": [0, 1], "lane": [0, 4]}  # fmt: skip
+    diff = diff_byte_layouts(layout("rank_outer", True), layout("token_outer", False))
+    assert not diff.identical and diff.counts() == {"q": 16}
+    assert json.loads(diff_to_json(diff))["shape"] == {"ranks": 2}
+    assert "16 q elements in 4 runs." in render_text(diff_renderable(diff))
 
 
 def test_docs_pictures_exist_and_are_small() -> None:

@@ -1,0 +1,137 @@
+"""The byte map as a picture (matplotlib, imported only here and only when asked: `layoutgen[plot]`).
+
+One panel per buffer, one horizontal band per printed line of the text rendering, one rectangle per run:
+coloured kinds in the colour of their index along the colouring axis, marked kinds hatched in it, filler
+grey and void bytes white and hatched.  The file is written atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from layoutgen.show.model import ByteMap, Look
+from layoutgen.show.text import colour_index, line_bytes
+
+MISSING_MATPLOTLIB = "--png needs matplotlib: pip install 'layoutgen[plot]'"
+
+
+def require_matplotlib() -> None:
+    """Raise ImportError (saying what to install) when matplotlib is missing: callers check before they print
+    anything, so that a missing optional dependency never leaves half an output behind."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ImportError(MISSING_MATPLOTLIB, name="matplotlib")
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError(MISSING_MATPLOTLIB, name="matplotlib") from error
+    return plt
+
+
+def _run_style(look: Look, colour: tuple[float, ...]) -> dict[str, Any]:
+    style: dict[str, Any] = {"edgecolor": "black", "linewidth": 0.4}
+    if look is Look.COLOURED:
+        style.update(facecolor=(*colour, 0.55))
+    elif look is Look.MARKED:
+        style.update(facecolor=colour, hatch="////", edgecolor="black", linewidth=0.8)
+    elif look is Look.FILLER:
+        style.update(facecolor="0.85")
+    else:
+        style.update(facecolor="white", hatch="xx", edgecolor="0.6")
+    return style
+
+
+def _legend_style(look: Look, colour: tuple[float, ...]) -> dict[str, Any]:
+    """A legend patch: marked kinds in neutral grey (their colour varies with the colouring axis)."""
+    if look is Look.COLOURED:
+        return {"facecolor": (*colour, 0.55), "edgecolor": "black"}
+    if look is Look.MARKED:
+        return {"facecolor": "0.5", "hatch": "////", "edgecolor": "black"}
+    if look is Look.FILLER:
+        return {"facecolor": "0.85", "edgecolor": "black"}
+    return {"facecolor": "white", "hatch": "xx", "edgecolor": "0.6"}
+
+
+def write_png(bmap: ByteMap, path: Path) -> int:
+    """Draw the byte map with matplotlib (Agg) into `path`, atomically; return the file's size in bytes."""
+    plt = _pyplot()
+    from matplotlib.patches import Patch, Rectangle
+
+    layout = bmap.layout
+    panels = [(info, *line_bytes(bmap, info)) for info in bmap.buffers]
+    line_counts = [info.nbytes // size for info, _, size in panels]
+    fig_width, line_height = 11.0, 0.24
+    heights = [max(count, 2) * line_height + 0.6 for count in line_counts]
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(fig_width, sum(heights) + 1.4), gridspec_kw={"height_ratios": heights}, squeeze=False
+    )
+    colours = [tuple(rgba[:3]) for rgba in plt.get_cmap("tab10")(range(10))]
+    for ax, (info, first_axis, size), count in zip(axes[:, 0], panels, line_counts, strict=True):
+        points_per_byte = (fig_width * 0.86 * 72) / size
+        for run in bmap.runs_of(info.name):
+            line, x = divmod(run.offset, size)
+            look = layout.kind(run.kind).look
+            ax.add_patch(
+                Rectangle((x, line), run.length, 0.9, **_run_style(look, colours[colour_index(bmap, run) % 10]))
+            )
+            label = layout.label(run)
+            if len(label) * 0.62 * 6 < run.length * points_per_byte:
+                weight = "bold" if look is Look.MARKED else "normal"
+                bbox = (
+                    {"facecolor": "white", "alpha": 0.85, "pad": 0.6, "linewidth": 0}
+                    if look in (Look.MARKED, Look.VOID)
+                    else None
+                )
+                ax.text(x + run.length / 2, line + 0.45, label, ha="center", va="center", fontsize=6,
+                        fontweight=weight, bbox=bbox)  # fmt: skip
+        ax.set_xlim(0, size)
+        ax.set_ylim(count, 0)
+        ticks = list(range(0, count, max(1, count // 24)))
+        ax.set_yticks([t + 0.45 for t in ticks], [str(t * size) for t in ticks], fontsize=6)
+        ax.tick_params(axis="x", labelsize=6)
+        ax.set_xlabel(f"byte within the line ({size} bytes: {' x '.join(info.axes[first_axis:])})", fontsize=7)
+        ax.set_ylabel("byte offset", fontsize=7)
+        ax.set_title(info.describe(), fontsize=8, loc="left")
+    handles = [
+        Patch(**_legend_style(Look.COLOURED, colours[index % 10]), label=f"{layout.colour_axis} {index}")
+        for index in range(bmap.colour_count)
+    ]
+    handles += [
+        Patch(**_legend_style(layout.kind(entry.kind).look, colours[0]), label=entry.picture_label)
+        for entry in layout.legend.entries
+    ]
+    fig.legend(
+        handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=7, frameon=False, borderaxespad=0.3
+    )
+    fig.suptitle(f"{layout.name}: {layout.shape_text}", fontsize=9)
+    fig.tight_layout(rect=(0, 0.3 / (sum(heights) + 1.4), 1, 1))
+    image = io.BytesIO()
+    try:
+        fig.savefig(image, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    return _write_atomically(Path(path), image.getvalue())
+
+
+def _write_atomically(path: Path, data: bytes) -> int:
+    """Written beside the target and renamed over it: a reader never sees half a picture."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
