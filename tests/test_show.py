@@ -299,6 +299,14 @@ def test_cli_png_and_bad_input(tmp_path: Path, run_cli) -> None:
         assert code == 0 and (tmp_path / "p.png").stat().st_size > 10_000 and "wrote" in err
 
 
+def test_png_without_matplotlib_is_refused_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    from layoutgen.show import png
+
+    monkeypatch.setattr(png.importlib.util, "find_spec", lambda name, *rest: None)
+    with pytest.raises(ImportError, match=re.escape("pip install 'layoutgen[plot]'")):
+        png.require_matplotlib()
+
+
 def test_large_maps_are_refused() -> None:
     with pytest.raises(ValueError, match="a drawing is limited"):
         byte_map(bundled_specs()["vllm_a2a"], {"N": 8, "B": 64, "H": 64, "D": 512}, "float32")

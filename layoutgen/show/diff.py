@@ -7,7 +7,6 @@ in both layouts' bytes.  The text form prints a summary, and every run when aske
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,7 +180,7 @@ def diff_renderable(diff: LayoutDiff, runs: bool = False) -> RenderableType:
 
 
 def diff_summary(diff: LayoutDiff, runs: bool = True) -> str:
-    counts: Mapping[str, int] = diff.counts()
+    counts = diff.counts()
     if diff.identical:
         verdict = "The two layouts place every byte identically: a port needs no kernel change."
     else:

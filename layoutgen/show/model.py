@@ -111,6 +111,25 @@ class ByteLayout:
     the axes of each run), `colour_axis` (the axis whose index colours the drawing).  The words: `label`
     (the text of one run's cell), `legend`, `summary` (the paragraph under the drawing), `elements_phrase`
     (what a diff counted), `shape_text` and the JSON fields.
+
+    A family builds one from its own buffers and views (layoutgen/dcp/show.py is a complete one).  A wire
+    buffer [rank, token, lane] of which a view [rank, token < T, lane] holds "q", the rest "spare":
+
+        wire = torch.empty(ranks, tokens, lanes, dtype=torch.bfloat16)
+        letters = {"rank": "r", "token": "t", "lane": "l"}
+        ByteLayout(
+            name=spec.name, shape_text=f"{ranks} ranks, {T} of {tokens} tokens",
+            buffers=(Buffer("wire", wire, ("rank", "token", "lane")),),
+            placements=(Placement("q", wire[:, :T], ("rank", "token", "lane")),),
+            kinds=(Kind("q", Look.COLOURED, store_fact=True), Kind("spare", Look.VOID, byte_total=True)),
+            axis_letters=letters, colour_axis="rank",
+            label=lambda run: " ".join([*axes_label(run, tuple(letters), letters), run.kind]),
+            legend=Legend("ranks", (LegendEntry("spare", "spare", "tokens >= T", "spare"),), "r rank, t token"),
+            summary=lambda bmap, found: f"{found.kind_bytes['spare']} bytes are spare.",
+            elements_phrase=lambda counts: f"{counts['q']} q elements",
+            json_header={"spec": spec.name}, shape_json={"ranks": ranks, "T": T},
+            unassigned=lambda info, coords: torch.ones(len(coords), dtype=torch.int64),  # kinds[1]: spare
+        )
     """
 
     #: The layout's name (the spec's), for titles.
@@ -152,6 +171,8 @@ class ByteLayout:
         placed = [placement.kind for placement in self.placements]
         if len(set(names)) != len(names) or len(set(placed)) != len(placed) or not set(placed) <= set(names):
             raise ValueError(f"layout {self.name}: kinds {names} must be distinct and include each placed kind once")
+        if not {entry.kind for entry in self.legend.entries} <= set(names):
+            raise ValueError(f"layout {self.name}: a legend entry names a kind not among {names}")
         if self.colour_axis not in self.axis_letters:
             raise ValueError(f"layout {self.name}: colouring axis {self.colour_axis!r} has no letter")
         for buffer in self.buffers:

@@ -7,6 +7,7 @@ grey and void bytes white and hatched.  The file is written atomically.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import uuid
@@ -22,8 +23,6 @@ MISSING_MATPLOTLIB = "--png needs matplotlib: pip install 'layoutgen[plot]'"
 def require_matplotlib() -> None:
     """Raise ImportError (saying what to install) when matplotlib is missing: callers check before they print
     anything, so that a missing optional dependency never leaves half an output behind."""
-    import importlib.util
-
     if importlib.util.find_spec("matplotlib") is None:
         raise ImportError(MISSING_MATPLOTLIB, name="matplotlib")
 
@@ -83,7 +82,9 @@ def write_png(bmap: ByteMap, path: Path) -> int:
             line, x = divmod(run.offset, size)
             look = layout.kind(run.kind).look
             ax.add_patch(
-                Rectangle((x, line), run.length, 0.9, **_run_style(look, colours[colour_index(bmap, run) % 10]))
+                Rectangle(
+                    (x, line), run.length, 0.9, **_run_style(look, colours[colour_index(bmap, run) % len(colours)])
+                )
             )
             label = layout.label(run)
             if len(label) * 0.62 * 6 < run.length * points_per_byte:
@@ -104,7 +105,7 @@ def write_png(bmap: ByteMap, path: Path) -> int:
         ax.set_ylabel("byte offset", fontsize=7)
         ax.set_title(info.describe(), fontsize=8, loc="left")
     handles = [
-        Patch(**_legend_style(Look.COLOURED, colours[index % 10]), label=f"{layout.colour_axis} {index}")
+        Patch(**_legend_style(Look.COLOURED, colours[index % len(colours)]), label=f"{layout.colour_axis} {index}")
         for index in range(bmap.colour_count)
     ]
     handles += [
