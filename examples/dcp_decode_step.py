@@ -89,7 +89,7 @@ def worker(rank: int, args: argparse.Namespace, store: str) -> None:
         backend, init_method=f"file://{store}", rank=rank, world_size=args.world_size, timeout=timedelta(seconds=300)
     )
     from layoutgen import DcpExchange
-    from layoutgen.tolerances import COMBINE_RTOL
+    from layoutgen.dcp.tolerances import COMBINE_RTOL
 
     try:
         world_size, dtype = args.world_size, DTYPES[args.dtype]

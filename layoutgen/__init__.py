@@ -1,27 +1,30 @@
-"""layoutgen: layout-parameterised DCP pack / combine kernels from a YAML spec.
+"""layoutgen: layout-parameterised Triton kernels from a YAML spec, one kernel family at a time.
 
-Importing this package does no CUDA work and imports neither Triton nor the
-generated modules; `load()` does that on first use.
+Importing this package does no CUDA work and imports neither Triton nor the generated modules; `load()`
+does that on first use, and the distributed helpers are imported when first asked for.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from typing import TYPE_CHECKING, Any
 
 from layoutgen.loader import load
 
 if TYPE_CHECKING:
-    from layoutgen.distributed import DcpExchange
+    from layoutgen.dcp.distributed import DcpExchange
 
 __all__ = ["DcpExchange", "__version__", "load"]
 
+#: Lazily imported public names -> their module (the package import stays cheap).
+_LAZY = {"DcpExchange": "layoutgen.dcp.distributed"}
+
 
 def __getattr__(name: str) -> Any:
-    # The distributed exchange is imported on first use: the package import stays cheap.
-    if name == "DcpExchange":
-        from layoutgen.distributed import DcpExchange
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'layoutgen' has no attribute {name!r}")
+    import importlib
 
-        return DcpExchange
-    raise AttributeError(f"module 'layoutgen' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

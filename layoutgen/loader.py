@@ -8,8 +8,6 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from layoutgen.spec import NAME_PATTERN
-
 _lock = threading.Lock()
 _loaded: dict[Path, ModuleType] = {}
 
@@ -57,6 +55,8 @@ def load_path(path: Path, module_name: str | None = None) -> ModuleType:
 def load(name_or_path: str | Path) -> ModuleType:
     """The generated module for a bundled spec name (`"pynccl_a2a"`) or a generated `.py` file."""
     import re
+
+    from layoutgen.spec import NAME_PATTERN
 
     text = str(name_or_path)
     if isinstance(name_or_path, str) and re.fullmatch(NAME_PATTERN, text):

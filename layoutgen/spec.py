@@ -17,6 +17,7 @@ import pkgutil
 import re
 import sys
 from collections.abc import Hashable, Mapping
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ def reserved_names() -> frozenset[str]:
     working = {"", "."} | {str(Path.cwd())}
     paths = [entry for entry in sys.path if entry not in working]
     names |= {module.name for module in pkgutil.iter_modules(paths)}
+    names |= set(metadata.packages_distributions())  # editable installs live behind import hooks, not paths
     package = Path(__file__).resolve().parent
     names |= {module.name for module in pkgutil.walk_packages([str(package)])}
     names |= {part for module in list(names) for part in module.split(".")}
@@ -242,7 +244,7 @@ def parse_spec_text(text: str, source: str = "<spec>") -> Any:
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as error:
-        raise SpecError(source, [("(yaml)", _yaml_problem(error, source))], "not valid YAML") from None
+        raise SpecError(source, [("(yaml)", _yaml_problem(error, source))]) from None
     except (ValueError, RecursionError) as error:  # e.g. an integer longer than Python's int-from-text limit
         raise SpecError(source, [("(yaml)", _shown(" ".join(str(error).split()), limit=200))]) from None
     return parse_spec(data, source)

@@ -67,27 +67,28 @@ class TuningKey(BaseModel):
     family: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     spec: str = Field(min_length=1, pattern=r"^[^|=]+$")
     kernel: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    #: The shape, as the family names its extents (e.g. N, Hl, D), in key order.
-    extents: dict[str, StrictInt]
+    #: The shape as (name, value) pairs in the family's key order (e.g. N, Hl, D): a list in JSON, so that the
+    #: sorted-keys file keeps the order.
+    extents: tuple[tuple[str, StrictInt], ...]
     dtype: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     bucket_name: str = Field(pattern=rf"^{_NAME}$")
     bucket: StrictInt = Field(ge=1)
 
     @field_validator("extents")
     @classmethod
-    def _check_extents(cls, extents: dict[str, int]) -> dict[str, int]:
-        for name, value in extents.items():
+    def _check_extents(cls, extents: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+        for name, value in extents:
             if not re.fullmatch(_NAME, name) or value < 1:
                 raise ValueError(f"extent {name}={value} must be a name and a positive int")
         return extents
 
     def group(self) -> tuple[Any, ...]:
         """Everything but the bucket: the entries dispatch chooses a bucket among."""
-        return (self.family, self.spec, self.kernel, tuple(self.extents.items()), self.dtype)
+        return (self.family, self.spec, self.kernel, self.extents, self.dtype)
 
     def shape_text(self) -> str:
         """The key without its bucket, e.g. `dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16`."""
-        extents = "".join(f"{name}={value}|" for name, value in self.extents.items())
+        extents = "".join(f"{name}={value}|" for name, value in self.extents)
         return f"{self.family}|{self.spec}|{self.kernel}|{extents}{self.dtype}"
 
     def as_str(self) -> str:
@@ -103,12 +104,12 @@ class TuningKey(BaseModel):
                 f"not a tuning key: {text!r}; expected e.g. 'dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64'"
             )
         parts = match.groupdict()
-        extents = {}
+        extents = []
         for item in parts.pop("extents").split("|"):
             if item:
                 name, _, value = item.partition("=")
-                extents[name] = int(value)
-        return cls.model_validate({**parts, "extents": extents, "bucket": int(parts["bucket"])})
+                extents.append((name, int(value)))
+        return cls.model_validate({**parts, "extents": tuple(extents), "bucket": int(parts["bucket"])})
 
 
 def _parse_time(text: str) -> datetime:

@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -19,8 +20,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from layoutgen.layout import LSE_BYTES, LayoutBuffers, row_length, wire_dtype
-from layoutgen.spec import LayoutSpec, PayloadDtype, parse_spec
+from layoutgen.dcp.layout import LSE_BYTES, LayoutBuffers, row_length, wire_dtype
+from layoutgen.dcp.spec import DcpSpec, PayloadDtype
+from layoutgen.spec import parse_spec
 
 #: The byte every buffer is filled with before a kernel runs; bytes the layout does not own keep it.
 CANARY = 0xA5
@@ -98,7 +100,7 @@ def generated_module(name: str) -> ModuleType:
     return layoutgen.load(name)
 
 
-def render_module(spec: LayoutSpec, directory: Path, spec_file: str = "test_spec.yaml") -> ModuleType:
+def render_module(spec: DcpSpec, directory: Path, spec_file: str = "test_spec.yaml") -> ModuleType:
     """Render `spec` with codegen into `directory` and import it from there."""
     from layoutgen import codegen
     from layoutgen.loader import load_path
@@ -108,7 +110,7 @@ def render_module(spec: LayoutSpec, directory: Path, spec_file: str = "test_spec
     return load_path(path)
 
 
-def make_spec(**fields: object) -> LayoutSpec:
+def make_spec(**fields: object) -> DcpSpec:
     """A validated spec from keyword fields (summary defaults to a fixed text)."""
     data = {"summary": "test spec", **fields}
     return parse_spec(data, source="<test>")
@@ -154,7 +156,7 @@ def assert_same_bytes(got: LayoutBuffers, want: LayoutBuffers, label: str = "") 
 
 
 def expected_layout_bytes(
-    spec: LayoutSpec, out: torch.Tensor, lse: torch.Tensor, N: int, B_max: int, fill: int = CANARY
+    spec: DcpSpec, out: torch.Tensor, lse: torch.Tensor, N: int, B_max: int, fill: int = CANARY
 ) -> dict[str, torch.Tensor]:
     """The buffers' bytes after packing `out [B, H, D]`, `lse [B, H]` into `fill`-filled buffers, built
     from the DESIGN §3 text alone (no LayoutBuffers views): logical [peer, batch, head, ...] blocks,
@@ -198,7 +200,7 @@ def _to_axes(tensor: torch.Tensor, axes: tuple[str, ...], logical: tuple[str, ..
     return tensor.permute([logical.index(axis) for axis in axes]).contiguous()
 
 
-def owned_byte_count(spec: LayoutSpec, N: int, B: int, H: int, D: int, dtype: torch.dtype) -> int:
+def owned_byte_count(spec: DcpSpec, N: int, B: int, H: int, D: int, dtype: torch.dtype) -> int:
     """How many bytes a pack of B rows assigns: every payload element and one LSE word per row."""
     return N * B * (H // N) * (D * wire_dtype(spec, dtype).itemsize + LSE_BYTES)
 
@@ -266,3 +268,33 @@ def clean_dispatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     reset_caches()
     yield db_dir
     reset_caches()
+
+
+# ---------------------------------------------------------------------------------------------
+# The DCP family in the shared tuner's terms
+# ---------------------------------------------------------------------------------------------
+def dcp_problem(spec: DcpSpec, kernel: str, N: int, heads_per_peer: int, D: int, dtype: str) -> Any:
+    """A tuning problem of a DCP spec: key extents N, Hl (heads per peer), D."""
+    from layoutgen.tuning.problem import Problem
+
+    return Problem(spec, kernel, (("N", N), ("Hl", heads_per_peer), ("D", D)), dtype)
+
+
+def dcp_key(spec_name: str, kernel: str, N: int, heads_per_peer: int, D: int, dtype: str, batch: int) -> Any:
+    """The tuning-database key of a DCP specialisation."""
+    from layoutgen.tuning_db import TuningKey
+
+    return TuningKey(
+        family="dcp",
+        spec=spec_name,
+        kernel=kernel,
+        extents=(("N", N), ("Hl", heads_per_peer), ("D", D)),
+        dtype=dtype,
+        bucket_name="B",
+        bucket=batch,
+    )
+
+
+def dcp_grid(N: int, H: int, D: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """TuneOptions.grid for one DCP shape."""
+    return (("N", (N,)), ("H", (H,)), ("D", (D,)))

@@ -14,11 +14,11 @@ from conftest import NAN_BYTE, fill_bytes, requires_interpreter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layoutgen import reference
-from layoutgen.config import CombineConfig
-from layoutgen.layout import wire_dtype
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import CombineConfig
+from layoutgen.dcp.layout import wire_dtype
+from layoutgen.dcp.tolerances import combine_error, lse_error
 from layoutgen.loader import generated_dir, load_path
-from layoutgen.tolerances import combine_error, lse_error
 
 pytestmark = [requires_interpreter, pytest.mark.usefixtures("no_log_warnings")]
 

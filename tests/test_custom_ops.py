@@ -14,10 +14,10 @@ import pytest
 import torch
 from conftest import assert_same_bytes, fill_bytes, generated_module, requires_interpreter
 
-from layoutgen.config import CombineConfig, PackConfig
-from layoutgen.layout import LayoutBuffers
+from layoutgen.dcp.config import CombineConfig, PackConfig
+from layoutgen.dcp.dispatch import config_values
+from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.runtime import reset_caches
-from layoutgen.runtime.dispatch import config_values
 
 pytestmark = [requires_interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 

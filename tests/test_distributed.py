@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from layoutgen import tolerances
-from layoutgen.reference import merge_shards
-from layoutgen.spec import Transport, bundled_specs
+from layoutgen.dcp import tolerances
+from layoutgen.dcp.reference import merge_shards
+from layoutgen.dcp.spec import Transport
+from layoutgen.spec import bundled_specs
 
 ALL_TO_ALL_SPECS = sorted(
     name for name, spec in bundled_specs().items() if spec.transport is Transport.ALL_TO_ALL_SINGLE
@@ -271,8 +272,8 @@ def test_needs_initialised_process_group() -> None:
 def test_package_import_does_not_load_distributed() -> None:
     code = (
         "import sys, layoutgen\n"
-        "assert 'layoutgen.distributed' not in sys.modules\n"
-        "from layoutgen.distributed import DcpExchange\n"
+        "assert 'layoutgen.dcp.distributed' not in sys.modules and 'torch' not in sys.modules\n"
+        "from layoutgen.dcp.distributed import DcpExchange\n"
         "assert layoutgen.DcpExchange is DcpExchange\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -289,7 +290,7 @@ def _fake_flashinfer(monkeypatch: pytest.MonkeyPatch, alltoall: Callable[..., An
 
 
 def test_flashinfer_adapter_names_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    from layoutgen.distributed import flashinfer_mnnvl_exchange
+    from layoutgen.dcp.distributed import flashinfer_mnnvl_exchange
 
     monkeypatch.setitem(sys.modules, "flashinfer", None)  # import fails as if not installed
     with pytest.raises(ImportError, match=r"flashinfer-python"):
@@ -297,7 +298,7 @@ def test_flashinfer_adapter_names_missing_package(monkeypatch: pytest.MonkeyPatc
 
 
 def test_flashinfer_adapter_names_missing_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
-    from layoutgen.distributed import flashinfer_mnnvl_exchange
+    from layoutgen.dcp.distributed import flashinfer_mnnvl_exchange
 
     _fake_flashinfer(monkeypatch, lambda *args: args[:2])
     with pytest.raises(RuntimeError, match=r"compute capability 9\.0.*SM90"):
@@ -305,7 +306,7 @@ def test_flashinfer_adapter_names_missing_hardware(monkeypatch: pytest.MonkeyPat
 
 
 def test_flashinfer_adapter_copies_results_into_recv(monkeypatch: pytest.MonkeyPatch) -> None:
-    import layoutgen.distributed as distributed
+    import layoutgen.dcp.distributed as distributed
 
     calls = []
 

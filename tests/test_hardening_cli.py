@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from layoutgen.tuning.claims import UNCLAIMED_STALE_AFTER_S
 
 from layoutgen import codegen
-from layoutgen.spec import SpecError, bundled_spec_dir, load_spec
-from layoutgen.tuning.study import UNCLAIMED_STALE_AFTER_S
+from layoutgen.dcp import FAMILY as DCP_FAMILY
+from layoutgen.spec import SpecError, load_spec
 from layoutgen.tuning_db import read_database
 
-PYNCCL_SPEC = bundled_spec_dir() / "pynccl_a2a.yaml"
+PYNCCL_SPEC = DCP_FAMILY.spec_dir / "pynccl_a2a.yaml"
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 ROOT_READS_EVERYTHING = "runs as root, where file permissions do not stop reads or writes"
 
@@ -215,7 +216,7 @@ def ctrl_c(process: subprocess.Popen[str]) -> tuple[str, str]:
 def interrupt_build(tmp_path: Path, delay: float) -> None:
     """Ctrl-C `delay` seconds into the verification of four specs (the modules are written by then)."""
     out = tmp_path / "out"
-    spec_files = [bundled_spec_dir() / f"{name}.yaml" for name in BUILT]
+    spec_files = [DCP_FAMILY.spec_dir / f"{name}.yaml" for name in BUILT]
     # The interpreter on CPU, also on a GPU machine: verification must take long enough to be interrupted.
     process = start(
         ["build", *[f"--spec={path}" for path in spec_files], "--out", str(out)], tmp_path, CUDA_VISIBLE_DEVICES=""

@@ -34,9 +34,9 @@ from conftest import assert_same_bytes, fill_bytes, generated_module, requires_i
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layoutgen import reference
-from layoutgen.config import default_pack_config
-from layoutgen.layout import LayoutBuffers
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import default_pack_config
+from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.runtime import LayoutgenWarning
 from layoutgen.tuning_db import (
     CPU_INTERPRETER_DEVICE,
@@ -61,13 +61,13 @@ CHILD_ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 def entry_data(spec: str, kernel: str, bucket: int, minutes: int, median_us: float) -> dict[str, Any]:
     return {
         "key": {
+            "family": "dcp",
             "spec": spec,
             "kernel": kernel,
-            "N": 4,
-            "heads_per_peer": 32,
-            "D": 512,
+            "extents": [["N", 4], ["Hl", 32], ["D", 512]],
             "dtype": "bfloat16",
-            "batch_bucket": bucket,
+            "bucket_name": "B",
+            "bucket": bucket,
         },
         "config": {"block_batch": 1, "block_head": 4, "block_dim": 512, "num_warps": 4, "num_stages": 1},
         "median_us": median_us,
@@ -77,7 +77,11 @@ def entry_data(spec: str, kernel: str, bucket: int, minutes: int, median_us: flo
         "trials": 8,
         "spec_hash": "a" * 64,
         "source_hash": "b" * 64,
+        "space_hash": "c" * 64,
+        "timing_hash": "d" * 64,
+        "versions": {"triton": "3.6", "torch": "2.11"},
         "measured_at": (EPOCH + timedelta(minutes=minutes)).isoformat(),
+        "rotating_sets": 1,
     }
 
 
@@ -188,7 +192,7 @@ LOOPER = """
     tuning_db.os.fsync = lambda descriptor: (fsync(descriptor), time.sleep(0.03))[0]
     print("ready", flush=True)
     for index in itertools.count(first):
-        key = template.key.model_copy(update={"batch_bucket": index})
+        key = template.key.model_copy(update={"bucket": index})
         entry = template.model_copy(update={"key": key, "measured_at": datetime.now(timezone.utc).isoformat()})
         record(db_dir, "NVIDIA H200", "9.0", [entry], {"layoutgen": "test"})
         print(index, flush=True)  # recorded: must survive any later kill
@@ -212,7 +216,7 @@ def _kill_writers(tmp_path: Path, kills: int, seed: int) -> None:
         out, _ = looper.communicate(timeout=60)
         assert looper.returncode == -signal.SIGKILL
         for index in out.split():
-            acknowledged.add(f"pynccl_a2a|combine|N=4|Hl=32|D=512|bfloat16|B={index}")
+            acknowledged.add(f"dcp|pynccl_a2a|combine|N=4|Hl=32|D=512|bfloat16|B={index}")
         entries = set(read_database(path).entries)  # old or new version: always valid
         assert known <= entries, f"round {round_}: lost {sorted(known - entries)[:3]}"
         assert acknowledged <= entries, f"round {round_}: lost recorded {sorted(acknowledged - entries)[:3]}"
@@ -238,12 +242,19 @@ def test_a_writer_killed_at_random_points_long_run(tmp_path: Path) -> None:
 # Damaged files
 # ---------------------------------------------------------------------------------------------
 def _valid_text() -> str:
+    from layoutgen.dcp import FAMILY
+    from layoutgen.runtime.configs import expected_for
+
     module = generated_module("vllm_a2a")
+    current = expected_for(FAMILY.kernel("pack"), module.SPEC_HASH, module.SOURCE_HASHES["pack"])
     data = entry_data("vllm_a2a", "pack", 8, 0, 2.0) | {
         "spec_hash": module.SPEC_HASH,
         "source_hash": module.SOURCE_HASHES["pack"],
-        "key": {"spec": "vllm_a2a", "kernel": "pack", "N": 2, "heads_per_peer": 3, "D": 24, "dtype": "bfloat16"}
-        | {"batch_bucket": 8},
+        "space_hash": current.space_hash,
+        "timing_hash": current.timing_hash,
+        "versions": dict(current.versions),
+        "key": {"family": "dcp", "spec": "vllm_a2a", "kernel": "pack", "extents": [["N", 2], ["Hl", 3], ["D", 24]]}
+        | {"dtype": "bfloat16", "bucket_name": "B", "bucket": 8},
         "config": {"block_batch": 1, "block_head": 2, "block_dim": 8, "num_warps": 2, "num_stages": 1, "block_peer": 1},
     }
     entry = TuningEntry.model_validate(data)
@@ -301,9 +312,10 @@ DAMAGED: list[tuple[str, bytes]] = [
     ("unknown-top-level-key", _edited(("colour",), "blue").encode()),
     ("schema-version-2", _edited(("schema_version",), SCHEMA_VERSION + 1).encode()),
     ("schema-version-0", _edited(("schema_version",), 0).encode()),
-    ("schema-version-string", _edited(("schema_version",), "1").encode()),
+    ("schema-version-string", _edited(("schema_version",), "2").encode()),
+    ("schema-version-1", _edited(("schema_version",), 1).encode()),
     ("schema-version-true", _edited(("schema_version",), True).encode()),
-    ("schema-version-float", _edited(("schema_version",), 1.0).encode()),
+    ("schema-version-float", _edited(("schema_version",), 2.0).encode()),
     (
         "entry-name-mismatch",
         json.dumps(VALID_DATA | {"entries": {"other": VALID_DATA["entries"][ENTRY_NAME]}}).encode(),
@@ -415,7 +427,7 @@ def run_cli(
     """`layoutgen ARGS` through the real entry point (layoutgen.cli.main), in this process."""
     from rich.console import Console
 
-    from layoutgen import cli_db
+    from layoutgen.cli import db as cli_db
     from layoutgen.cli import main
 
     monkeypatch.setattr(cli_db, "console", Console(width=1000))  # rich reads COLUMNS once, at construction

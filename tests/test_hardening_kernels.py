@@ -24,10 +24,10 @@ from conftest import CANARY, NAN_BYTE, fill_bytes, random_inputs, requires_inter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layoutgen import reference
-from layoutgen.layout import LayoutBuffers, Shape, buffer_shapes, wire_dtype
+from layoutgen.dcp import reference
+from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, wire_dtype
+from layoutgen.dcp.tolerances import COMBINE_ATOL_SCALED, COMBINE_RTOL, combine_error, lse_error
 from layoutgen.loader import generated_dir, load_path
-from layoutgen.tolerances import COMBINE_ATOL_SCALED, COMBINE_RTOL, combine_error, lse_error
 
 pytestmark = [requires_interpreter, pytest.mark.usefixtures("no_log_warnings")]
 

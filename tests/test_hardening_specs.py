@@ -28,15 +28,14 @@ from conftest import assert_same_bytes, fill_bytes, random_inputs, requires_inte
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from layoutgen import codegen, reference
-from layoutgen.layout import LayoutBuffers, wire_dtype
+from layoutgen import codegen
+from layoutgen.dcp import reference
+from layoutgen.dcp.layout import LayoutBuffers, wire_dtype
+from layoutgen.dcp.spec import PAYLOAD_AXES, STATS_AXES, DcpSpec
 from layoutgen.loader import generated_dir, load_path
 from layoutgen.spec import (
     MAX_PROBLEMS_SHOWN,
     MAX_SPEC_BYTES,
-    PAYLOAD_AXES,
-    STATS_AXES,
-    LayoutSpec,
     SpecError,
     bundled_specs,
     load_spec,
@@ -53,7 +52,7 @@ SLOW = {"deadline": None, "suppress_health_check": list(HealthCheck)}
 MAX_REPORT_LINE = 520
 
 
-def outcome(text: str, source: str = "fuzz.yaml") -> LayoutSpec | SpecError:
+def outcome(text: str, source: str = "fuzz.yaml") -> DcpSpec | SpecError:
     """parse_spec_text's verdict; any exception other than SpecError escapes and fails the test."""
     try:
         return parse_spec_text(text, source)
@@ -224,13 +223,13 @@ def _check_any_text(text: str) -> None:
 
 def _check_any_structure(data: Any) -> None:
     result = outcome(yaml.safe_dump(data, allow_unicode=True))
-    if isinstance(result, LayoutSpec):  # a random structure that is a spec must be one the rules allow
+    if isinstance(result, DcpSpec):  # a random structure that is a spec must be one the rules allow
         assert parse_spec(result.model_dump(mode="json")) == result
 
 
 def _check_mutated(data: Any) -> None:
     result = outcome(_spec_text(data) if isinstance(data, dict) else yaml.safe_dump(data))
-    if isinstance(result, LayoutSpec):
+    if isinstance(result, DcpSpec):
         assert parse_spec(result.model_dump(mode="json")) == result
 
 
@@ -305,10 +304,10 @@ HOSTILE_YAML = [
     ("billion-laughs", _billion_laughs(), "aliases are not allowed"),
     ("merge-key-of-an-alias", "base: &b {dtype: input}\npayload:\n  <<: *b\n", "aliases are not allowed"),
     ("inline-merge-key", "payload:\n  <<: {dtype: input}\n  axes: [peer, batch, head, dim]\n", "merge keys"),
-    ("python-object-apply", "name: !!python/object/apply:os.system ['touch {sentinel}']\n", "constructor"),
-    ("python-object-new", "!!python/object/new:os.system ['touch {sentinel}']\n", "constructor"),
-    ("python-name", "name: !!python/name:os.system\n", "constructor"),
-    ("python-module", "name: !!python/module:os\n", "constructor"),
+    ("python-object-apply", "name: !!python/object/apply:os.system ['touch {sentinel}']\n", "tags"),
+    ("python-object-new", "!!python/object/new:os.system ['touch {sentinel}']\n", "tags"),
+    ("python-name", "name: !!python/name:os.system\n", "tags"),
+    ("python-module", "name: !!python/module:os\n", "tags"),
     ("deep-flow-nesting", "[" * 30000 + "]" * 30000, "nested deeper than"),
     ("deep-block-nesting", "".join("  " * i + f"k{i}:\n" for i in range(200)), "nested deeper than"),
     ("list-as-key", "? [1, 2]\n: x\n", "keys are plain words"),
@@ -384,7 +383,7 @@ def test_a_10_mb_file_is_refused_without_being_read(tmp_path: Path) -> None:
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
 def test_an_endless_file_is_refused() -> None:
     started = time.perf_counter()
-    with pytest.raises(SpecError, match=r"larger than"):
+    with pytest.raises(SpecError, match=r"/dev/zero: cannot read the spec file\n  \(file\): is a character device"):
         load_spec("/dev/zero")
     assert time.perf_counter() - started < 1.0
 
@@ -452,8 +451,9 @@ def _cli(args: list[str]) -> Any:
     from typer.testing import CliRunner
 
     from layoutgen.cli import app
+    from layoutgen.cli.common import expand_arguments
 
-    return CliRunner().invoke(app, args)
+    return CliRunner().invoke(app, expand_arguments(args))
 
 
 def _all_files(root: Path) -> set[Path]:

@@ -27,9 +27,9 @@ from conftest import (
     strided_inputs,
 )
 
-from layoutgen import reference
-from layoutgen.config import PackConfig
-from layoutgen.layout import LayoutBuffers
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import PackConfig
+from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.loader import generated_dir, load_path
 from layoutgen.spec import bundled_specs
 
@@ -237,7 +237,7 @@ def test_pack_runs_batch_blocks_along_the_grid_y_axis_and_refuses_more_than_cuda
 
 
 def test_dispatch_fits_a_batch_past_the_grid_limit_instead_of_failing(modules):
-    from layoutgen.runtime.configs import MAX_GRID_Y, fit_grid
+    from layoutgen.dcp.dispatch import MAX_GRID_Y, fit_grid
     from layoutgen.runtime.launch import Recorder
 
     module = modules["vllm_a2a"]

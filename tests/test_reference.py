@@ -24,8 +24,8 @@ from conftest import (
     random_inputs,
 )
 
-from layoutgen import reference
-from layoutgen.layout import LayoutBuffers
+from layoutgen.dcp import reference
+from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.spec import bundled_specs
 
 BUNDLED = bundled_specs()

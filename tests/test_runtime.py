@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_bytes, fill_bytes, generated_module, requires_interpreter
+from conftest import assert_same_bytes, dcp_key, fill_bytes, generated_module, requires_interpreter
 
-from layoutgen import reference, tuning_db
-from layoutgen.config import CombineConfig, PackConfig, default_combine_config, default_pack_config
-from layoutgen.layout import LayoutBuffers
+from layoutgen import tuning_db
+from layoutgen.dcp import FAMILY as DCP_FAMILY
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import CombineConfig, PackConfig, default_combine_config, default_pack_config
+from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.runtime import LayoutgenWarning, configs, launch, reset_caches
-from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningEntry, TuningKey
+from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningEntry
 
 pytestmark = [requires_interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
@@ -41,10 +43,9 @@ def _every_test_starts_clean(clean_dispatch: Path) -> Path:
 def entry(
     module: ModuleType, kernel: str, bucket: int, config: dict[str, int], *, spec_hash: str | None = None
 ) -> TuningEntry:
+    current = configs.expected_for(DCP_FAMILY.kernel(kernel), module.SPEC_HASH, module.SOURCE_HASHES[kernel])
     return TuningEntry(
-        key=TuningKey(
-            spec=module.SPEC_NAME, kernel=kernel, N=N, heads_per_peer=H // N, D=D, dtype="bfloat16", batch_bucket=bucket
-        ),
+        key=dcp_key(module.SPEC_NAME, kernel, N, H // N, D, "bfloat16", bucket),
         config=config,
         median_us=2.0,
         p20_us=1.9,
@@ -53,7 +54,11 @@ def entry(
         trials=10,
         spec_hash=spec_hash or module.SPEC_HASH,
         source_hash=module.SOURCE_HASHES[kernel],
+        space_hash=current.space_hash,
+        timing_hash=current.timing_hash,
+        versions=dict(current.versions),
         measured_at="2026-11-29T07:00:00+00:00",
+        rotating_sets=1,
     )
 
 
@@ -139,16 +144,14 @@ def test_stale_entry_warns_once_and_falls_back(module: ModuleType, clean_dispatc
         assert pack_config(module, 2) == defaults(module, 2)[0]
     messages = layoutgen_warnings(caught)
     assert len(messages) == 1, messages
-    assert "ignoring tuning entry 'vllm_a2a|pack|N=2|Hl=3|D=24|bfloat16|B=8'" in messages[0]
+    assert "ignoring tuning entries like 'dcp|vllm_a2a|pack|N=2|Hl=3|D=24|bfloat16|B=8'" in messages[0]
     assert "another spec" in messages[0] and "re-run `layoutgen tune`" in messages[0]
 
 
 def test_missing_shape_warns_once_and_falls_back(module: ModuleType, clean_dispatch: Path) -> None:
     other_shape = entry(module, "pack", 8, TUNED_PACK).model_copy(
         update={
-            "key": TuningKey(
-                spec="vllm_a2a", kernel="pack", N=4, heads_per_peer=3, D=24, dtype="bfloat16", batch_bucket=8
-            )
+            "key": dcp_key("vllm_a2a", "pack", 4, 3, 24, "bfloat16", 8)
         }
     )
     write_db(clean_dispatch, [other_shape])
@@ -159,7 +162,7 @@ def test_missing_shape_warns_once_and_falls_back(module: ModuleType, clean_dispa
         combine_matches_reference(module, bufs, 1)
     messages = layoutgen_warnings(caught)
     assert len(messages) == 2, messages  # one for pack's shape, one for combine's
-    assert "no current tuning entry for vllm_a2a|pack|N=2|Hl=3|D=24|bfloat16 (any batch)" in messages[0]
+    assert "no current tuning entry for dcp|vllm_a2a|pack|N=2|Hl=3|D=24|bfloat16 (any size)" in messages[0]
     assert "heuristic default" in messages[0]
 
 
@@ -189,11 +192,12 @@ def test_interpreter_without_a_database_is_silent(module: ModuleType) -> None:
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        ('{"schema_version": 1, "device_name": "cpu-interp', "is not valid JSON"),
+        ('{"schema_version": 2, "device_name": "cpu-interp', "is not valid JSON"),
         (json.dumps({"schema_version": 99, "device_name": "x", "compute_capability": "0.0"}), "schema_version 99"),
-        (json.dumps({"schema_version": 1, "device_name": "x", "compute_capability": "0.0", "entries": 3}), "entries"),
+        (json.dumps({"schema_version": 2, "device_name": "x", "compute_capability": "0.0", "entries": 3}), "entries"),
+        (json.dumps({"schema_version": 1, "device_name": "x", "compute_capability": "0.0"}), "migrate_tuning_db_v2"),
     ],
-    ids=["corrupt", "wrong-schema-version", "wrong-field-type"],
+    ids=["corrupt", "wrong-schema-version", "wrong-field-type", "schema-1"],
 )
 def test_unreadable_database_is_reported_once_and_ignored(
     module: ModuleType, clean_dispatch: Path, content: str, problem: str
@@ -255,8 +259,8 @@ def test_explicit_config_argument_beats_everything(module: ModuleType, monkeypat
     ("value", "problem"),
     [
         ("{pack}", "LAYOUTGEN_CONFIG is not valid JSON"),
-        ('{"merge": {}}', "LAYOUTGEN_CONFIG must be a JSON object with keys among ['combine', 'pack']"),
-        ('{"pack": {"warps": 4}}', "LAYOUTGEN_CONFIG['pack'] must be an object with fields among"),
+        ('{"pack": 3}', "LAYOUTGEN_CONFIG['pack'] must be an object of config fields"),
+        ('{"pack": {"warps": 4}}', "LAYOUTGEN_CONFIG['pack'] must hold fields among"),
         ('{"pack": {"block_dim": 3}}', "LAYOUTGEN_CONFIG forces an invalid pack config: pack config block_dim"),
     ],
 )
@@ -277,7 +281,7 @@ def test_config_is_resolved_once_per_shape(module: ModuleType, monkeypatch: pyte
     resolve = configs.resolve_config
 
     def counting(*args: Any) -> Any:
-        calls.append(args[1])
+        calls.append(args[2].name)
         return resolve(*args)
 
     monkeypatch.setattr(configs, "resolve_config", counting)
@@ -445,10 +449,10 @@ def test_pack_rejects_replaced_buffer_tensors(module: ModuleType) -> None:
 def test_pack_rejects_a_config_of_the_wrong_kind(module: ModuleType) -> None:
     out, lse = inputs(3)
     with pytest.raises(
-        TypeError, match=re.escape("config must be a layoutgen.config.PackConfig or None, got CombineConfig")
+        TypeError, match=re.escape("config must be a layoutgen.dcp.config.PackConfig or None, got CombineConfig")
     ):
         module.pack(out, lse, _bufs(module), config=CombineConfig(block_batch=1, block_head=1, block_dim=8))
-    with pytest.raises(TypeError, match=re.escape("config must be a layoutgen.config.PackConfig or None, got dict")):
+    with pytest.raises(TypeError, match=re.escape("config must be a layoutgen.dcp.config.PackConfig or None, got dict")):
         module.pack(out, lse, _bufs(module), config=dict(TUNED_PACK))
 
 
@@ -476,7 +480,7 @@ COMBINE_ERRORS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         "config kind",
         {"config": PackConfig(block_batch=1, block_head=1, block_dim=8)},
         TypeError,
-        "config must be a layoutgen.config.CombineConfig or None, got PackConfig",
+        "config must be a layoutgen.dcp.config.CombineConfig or None, got PackConfig",
     ),
 ]
 

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from conftest import NPU_LIKE_SPEC_FIELDS, generated_module, make_spec
 
-from layoutgen.layout import LayoutBuffers
+from layoutgen.dcp.layout import LayoutBuffers
+from layoutgen.dcp.spec import DcpSpec
 from layoutgen.spec import (
     MAX_SPEC_BYTES,
-    LayoutSpec,
     SpecError,
     bundled_spec_paths,
     bundled_specs,
@@ -190,7 +189,7 @@ def test_file_problems(tmp_path):
         load_spec(tmp_path)
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"name: \xff\xfe\n")
-    with pytest.raises(SpecError, match=r"binary.yaml: invalid layout spec\n  \(file\): cannot be read"):
+    with pytest.raises(SpecError, match=r"binary.yaml: cannot read the spec file\n  \(file\): cannot be read"):
         load_spec(binary)
     with pytest.raises(SpecError, match=r"larger than"):
         parse_spec_text("#" * (MAX_SPEC_BYTES + 1))
@@ -279,12 +278,12 @@ def test_bundled_spec_name_must_equal_its_file_name(tmp_path, monkeypatch):
     from layoutgen import spec as spec_module
 
     (tmp_path / "one_name.yaml").write_text(yaml.safe_dump(_edit(ROW_TAIL, "name", "another_name")), encoding="utf-8")
-    monkeypatch.setattr(spec_module, "bundled_spec_dir", lambda: Path(tmp_path))
+    monkeypatch.setattr(spec_module, "bundled_spec_paths", lambda: [tmp_path / "one_name.yaml"])
     with pytest.raises(SpecError, match="must equal the file name 'one_name'"):
         spec_module.bundled_specs()
 
 
 def test_parse_spec_round_trips_through_the_model():
     spec = make_spec(**SEPARATE)
-    again = LayoutSpec.model_validate(spec.model_dump())
+    again = DcpSpec.model_validate(spec.model_dump())
     assert again == spec and again.layout_hash() == spec.layout_hash()

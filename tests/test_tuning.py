@@ -20,17 +20,28 @@ from typing import Any
 import optuna
 import pytest
 import torch
-from conftest import requires_interpreter
+from conftest import dcp_grid, dcp_key, dcp_problem, requires_interpreter
 from optuna.trial import TrialState
 from rich.console import Console
 
 import layoutgen
-from layoutgen.config import CombineConfig, PackConfig
+from layoutgen.config import next_pow2
+from layoutgen.dcp import FAMILY as DCP_FAMILY
+from layoutgen.dcp.config import CombineConfig, PackConfig
+from layoutgen.dcp.workload import DcpWorkload
 from layoutgen.spec import bundled_specs
-from layoutgen.tuning import plan, runner, space, study
+from layoutgen.tuning import claims, context, decision, plan, prepare, runner, search, space
+from layoutgen.tuning.procedure import timing_hash
 from layoutgen.tuning.storage import open_storage
-from layoutgen.tuning.timing import MAX_ROTATING_SETS, TIMING_RULES, WallClockTimer, rotating_sets, summarize
-from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningEntry, TuningKey, device_file_name, read_database, record
+from layoutgen.tuning.timing import MAX_ROTATING_SETS, WallClockTimer, rotating_sets, summarize
+from layoutgen.tuning_db import (
+    CPU_INTERPRETER_DEVICE,
+    TuningEntry,
+    device_file_name,
+    entry_versions,
+    read_database,
+    record,
+)
 
 
 def tiny_options(tmp_path: Path, **changes: Any) -> plan.TuneOptions:
@@ -38,7 +49,7 @@ def tiny_options(tmp_path: Path, **changes: Any) -> plan.TuneOptions:
     fields: dict[str, Any] = {
         "specs": ("pynccl_a2a",),
         "kernels": ("pack",),
-        "shapes": ((2, 4, 8),),
+        "grid": dcp_grid(2, 4, 8),
         "buckets": (1, 3),
         "trials": 4,
         "exhaustive_limit": 8,
@@ -70,7 +81,7 @@ def outcome(trial: optuna.trial.FrozenTrial) -> str | None:
 
 def assert_no_config_timed_twice(trials: dict[str, list[optuna.trial.FrozenTrial]]) -> None:
     for name, study_trials in trials.items():
-        evaluated = Counter(tuple(sorted(t.params.items())) for t in study_trials if outcome(t) in study.EVALUATED)
+        evaluated = Counter(tuple(sorted(t.params.items())) for t in study_trials if outcome(t) in claims.EVALUATED)
         assert evaluated, f"{name}: nothing evaluated"
         repeated = {key: count for key, count in evaluated.items() if count > 1}
         assert not repeated, f"{name}: configs evaluated more than once: {repeated}"
@@ -87,22 +98,22 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("kernel", ["pack", "combine"])
 @pytest.mark.parametrize("spec_name", sorted(bundled_specs()))
 def test_feasible_points_obey_every_constraint(spec_name: str, kernel: str) -> None:
-    problem = space.Problem(bundled_specs()[spec_name], kernel, 4, 8, 512, "bfloat16")  # type: ignore[arg-type]
+    problem = dcp_problem(bundled_specs()[spec_name], kernel, 4, 8, 512, "bfloat16")  # type: ignore[arg-type]
     for batch in (1, 5, 64):
         bound = space.bind(problem, batch)
         feasible = bound.feasible()
         assert feasible
-        elem = problem.wire_elem_size if kernel == "pack" else problem.elem_size
+        elem = bound.extents.elem_bytes
         for config in feasible:
             values = config.as_dict()
             tile = config.tile_elements
             threads = 32 * config.num_warps
-            assert values["block_batch"] <= space.next_pow2(batch)
+            assert values["block_batch"] <= next_pow2(batch)
             assert values["block_head"] <= 8 and values["block_dim"] <= 512
-            assert values["block_dim"] * elem >= space.SECTOR_BYTES  # stores along dim span a sector
-            assert tile <= space.MAX_ELEMENTS_PER_THREAD * threads
-            loaded = tile * elem * (problem.N if kernel == "combine" else 1)  # combine loads N partials
-            assert config.num_warps == 1 or loaded >= space.MIN_BYTES_PER_THREAD * threads
+            assert values["block_dim"] * elem >= bound.space.sector_bytes  # stores along dim span a sector
+            assert tile <= bound.space.max_elements_per_thread * threads
+            loaded = tile * elem * bound.extents.loads_per_element  # combine loads N partials
+            assert config.num_warps == 1 or loaded >= bound.space.min_bytes_per_thread * threads
             assert bound.from_params(bound.to_params(config)) == config
             low_high = bound.param_ranges()
             assert all(low_high[k][0] <= v <= low_high[k][1] for k, v in bound.to_params(config).items())
@@ -111,7 +122,7 @@ def test_feasible_points_obey_every_constraint(spec_name: str, kernel: str) -> N
         rejected = 0
         for values in itertools.product(*(bound.choices[name] for name in names)):
             data = dict(zip(names, values, strict=True))
-            if math.prod(data[n] for n, _ in bound.space.blocks) > space.MAX_TILE_ELEMENTS:
+            if math.prod(data[n] for n, _ in bound.space.blocks) > bound.space.max_tile_elements:
                 continue
             config = bound.config_type.from_dict(data)
             if config not in feasible:
@@ -121,7 +132,7 @@ def test_feasible_points_obey_every_constraint(spec_name: str, kernel: str) -> N
 
 
 def test_infeasible_points_name_the_constraint() -> None:
-    problem = space.Problem(bundled_specs()["pynccl_a2a"], "pack", 2, 64, 512, "bfloat16")
+    problem = dcp_problem(bundled_specs()["pynccl_a2a"], "pack", 2, 64, 512, "bfloat16")
     bound = space.bind(problem, 64)
     spills = PackConfig(block_peer=2, block_batch=16, block_head=64, block_dim=32, num_warps=1)
     assert any("register spills" in reason for reason in bound.violations(spills))
@@ -134,10 +145,10 @@ def test_infeasible_points_name_the_constraint() -> None:
 def test_the_combine_space_holds_sglangs_shape() -> None:
     # One row of 512 bf16 over 4 warps: 8 bytes per thread per partial, 32 over the N = 4 partials it loads.
     sglang_shape = CombineConfig(block_batch=1, block_head=1, block_dim=512, num_warps=4)
-    four = space.bind(space.Problem(bundled_specs()["vllm_a2a"], "combine", 4, 32, 512, "bfloat16"), 8)
+    four = space.bind(dcp_problem(bundled_specs()["vllm_a2a"], "combine", 4, 32, 512, "bfloat16"), 8)
     assert four.is_feasible(sglang_shape), four.violations(sglang_shape)
     # With one peer the same threads would each load 8 bytes: under a 16-byte vector.
-    one = space.bind(space.Problem(bundled_specs()["vllm_a2a"], "combine", 1, 32, 512, "bfloat16"), 8)
+    one = space.bind(dcp_problem(bundled_specs()["vllm_a2a"], "combine", 1, 32, 512, "bfloat16"), 8)
     assert any("bytes per thread" in reason for reason in one.violations(sglang_shape))
 
 
@@ -146,20 +157,21 @@ def test_combine_tiles_count_the_partials_they_load() -> None:
     # N = 2 (1 KiB), out of it at N = 1; the same tile in pack (one load) stays out.
     small = CombineConfig(block_batch=1, block_head=2, block_dim=128, num_warps=1)
     for N, feasible in ((8, True), (2, True), (1, False)):
-        bound = space.bind(space.Problem(bundled_specs()["vllm_a2a"], "combine", N, 16, 512, "bfloat16"), 64)
+        bound = space.bind(dcp_problem(bundled_specs()["vllm_a2a"], "combine", N, 16, 512, "bfloat16"), 64)
         assert bound.is_feasible(small) is feasible, (N, bound.violations(small))
     assert any("bytes per program" in reason for reason in bound.violations(small))
-    pack = space.bind(space.Problem(bundled_specs()["vllm_a2a"], "pack", 8, 16, 512, "bfloat16"), 64)
+    pack = space.bind(dcp_problem(bundled_specs()["vllm_a2a"], "pack", 8, 16, 512, "bfloat16"), 64)
     tile = PackConfig(block_peer=1, block_batch=1, block_head=2, block_dim=128, num_warps=1)
     assert any("bytes per program" in reason for reason in pack.violations(tile))
 
 
 def test_grid_defaults_cover_mla_and_plain_attention() -> None:
-    shapes = plan.grid_shapes(None, None, None, interpret=False)
-    assert {(H, D) for _, H, D in shapes} == {(16, 512), (128, 512), (32, 128)}
-    assert {N for N, _, _ in shapes} == {2, 4, 8}
-    assert plan.DEFAULT_BUCKETS[0] == 1 and plan.DEFAULT_BUCKETS[-1] == 4096
-    assert plan.grid_shapes([4], [6, 8], None, interpret=False) == ((4, 8, 512), (4, 8, 128))
+    points = DCP_FAMILY.grid_points({}, interpret=False)
+    assert {(p["H"], p["D"]) for p in points} == {(16, 512), (128, 512), (32, 128)}
+    assert {p["N"] for p in points} == {2, 4, 8}
+    assert DCP_FAMILY.bucket.defaults[0] == 1 and DCP_FAMILY.bucket.defaults[-1] == 4096
+    given = DCP_FAMILY.grid_points({"N": [4], "H": [6, 8]}, interpret=False)
+    assert [(p["N"], p["H"], p["D"]) for p in given] == [(4, 6, 512), (4, 6, 128), (4, 8, 512), (4, 8, 128)]
 
 
 def test_options_survive_the_trip_to_a_worker_process(tmp_path: Path) -> None:
@@ -185,17 +197,15 @@ def test_pipeline_writes_a_database_that_dispatch_reads(tmp_path: Path, monkeypa
     assert database.device_name == CPU_INTERPRETER_DEVICE
     module = layoutgen.load("pynccl_a2a")
     assert sorted(database.entries) == sorted(
-        TuningKey(spec="pynccl_a2a", kernel=k, N=2, heads_per_peer=2, D=8, dtype="bfloat16", batch_bucket=b).as_str()
-        for k in ("pack", "combine")
-        for b in (1, 3)
+        dcp_key("pynccl_a2a", k, 2, 2, 8, "bfloat16", b).as_str() for k in ("pack", "combine") for b in (1, 3)
     )
     for entry in database.entries.values():
         assert entry.spec_hash == module.SPEC_HASH and entry.source_hash == module.SOURCE_HASHES[entry.key.kernel]
         assert entry.trials >= 2 and entry.p20_us <= entry.median_us <= entry.p80_us and entry.default_us > 0
-        problem = space.Problem(module.SPEC, entry.key.kernel, 2, 2, 8, "bfloat16")
-        config = space.bind(problem, entry.key.batch_bucket).config_type.from_dict(entry.config)
-        target_default = plan.make_targets(options)[0].default_config(entry.key.batch_bucket)
-        assert space.bind(problem, entry.key.batch_bucket).is_feasible(config) or config == target_default
+        problem = dcp_problem(module.SPEC, entry.key.kernel, 2, 2, 8, "bfloat16")
+        config = space.bind(problem, entry.key.bucket).config_type.from_dict(entry.config)
+        target_default = plan.make_targets(options)[0].default_config(entry.key.bucket)
+        assert space.bind(problem, entry.key.bucket).is_feasible(config) or config == target_default
     # Every study of the exhaustive bucket measured its whole space once.
     trials = all_trials(options)
     assert_no_config_timed_twice(trials)
@@ -204,22 +214,21 @@ def test_pipeline_writes_a_database_that_dispatch_reads(tmp_path: Path, monkeypa
         from layoutgen.runtime import configs
     except ImportError:
         pytest.skip("runtime dispatch (layoutgen.runtime.configs) is not available in this checkout")
-    monkeypatch.setenv(configs.TUNING_DB_ENV, str(tmp_path / "db"))
+    monkeypatch.setenv("LAYOUTGEN_TUNING_DB", str(tmp_path / "db"))
     configs.reset()
     for kernel in ("pack", "combine"):
+        decl = DCP_FAMILY.kernel(kernel)
         chosen = configs.tuned_config(
-            module.SPEC,
-            kernel,
+            "dcp",
+            "pynccl_a2a",
+            decl,
             torch.device("cpu"),
+            {"N": 2, "Hl": 2, "D": 8},
+            "bfloat16",
             2,
-            2,
-            8,
-            torch.bfloat16,
-            2,
-            module.SPEC_HASH,
-            module.SOURCE_HASHES[kernel],
+            configs.expected_for(decl, module.SPEC_HASH, module.SOURCE_HASHES[kernel]),
         )
-        key = TuningKey(spec="pynccl_a2a", kernel=kernel, N=2, heads_per_peer=2, D=8, dtype="bfloat16", batch_bucket=3)
+        key = dcp_key("pynccl_a2a", kernel, 2, 2, 8, "bfloat16", 3)
         assert chosen is not None and chosen.as_dict() == database.entries[key.as_str()].config
     configs.reset()
 
@@ -260,6 +269,7 @@ def test_the_gate_catches_a_broken_kernel_loudly(tmp_path: Path, monkeypatch: py
     from typer.testing import CliRunner
 
     from layoutgen.cli import CommandFailed, app
+    from layoutgen.cli.common import expand_arguments
 
     module = layoutgen.load("pynccl_a2a")
     original = module._launch_pack
@@ -273,7 +283,7 @@ def test_the_gate_catches_a_broken_kernel_loudly(tmp_path: Path, monkeypatch: py
     storage, db = tmp_path / "studies.journal", tmp_path / "db"
     args = ["tune", "--interpret", "--spec", "pynccl_a2a", "--kernel", "pack", "--N", "2", "--heads", "4"]
     args += ["--D", "8", "--batch", "1", "--storage", str(storage), "--db", str(db)]
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, expand_arguments(args))
     assert isinstance(result.exception, CommandFailed) and result.exception.code == 1, result.output
     assert "correctness gate" in str(result.exception)
     assert "fails the correctness gate" in result.output and "block_peer" in result.output
@@ -355,45 +365,48 @@ def test_a_rerun_without_the_study_storage_skips_what_the_database_holds(
 
     # An entry measured on another kernel source is stale: only that study runs again.
     data = json.loads(written)
-    stale = next(key for key, entry in data["entries"].items() if entry["key"]["batch_bucket"] == 3)
+    stale = next(key for key, entry in data["entries"].items() if entry["key"]["bucket"] == 3)
     data["entries"][stale]["source_hash"] = "0" * 64
     db_file.write_text(json.dumps(data), encoding="utf-8")
     summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "second.journal")))
-    assert [row.batch for row in summary.rows] == [3] and timer.calls > 0
+    assert [row.bucket for row in summary.rows] == [3] and timer.calls > 0
     assert read_database(db_file).entries[stale].source_hash != "0" * 64
 
     # An entry timed over another number of rotating input sets (another cache state) is stale too, and so is
     # one that does not record it (a database written before layoutgen recorded it).
     data = json.loads(db_file.read_text(encoding="utf-8"))
     assert {entry["rotating_sets"] for entry in data["entries"].values()} == {1}  # the interpreter's rule
-    other = next(key for key, entry in data["entries"].items() if entry["key"]["batch_bucket"] == 1)
+    other = next(key for key, entry in data["entries"].items() if entry["key"]["bucket"] == 1)
     data["entries"][other]["rotating_sets"] = 5
     db_file.write_text(json.dumps(data), encoding="utf-8")
     output = io.StringIO()
     summary = runner.run(
         dataclasses.replace(options, storage=str(tmp_path / "sets.journal")), Console(file=output, width=200)
     )
-    assert [row.batch for row in summary.rows] == [1]
-    assert "1 database entries were timed under other conditions than this tuner's" in output.getvalue()
+    assert [row.bucket for row in summary.rows] == [1]
+    assert "1 database entries were tuned under other conditions than this tuner's" in output.getvalue()
     assert read_database(db_file).entries[other].rotating_sets == 1
-    data = json.loads(db_file.read_text(encoding="utf-8"))
-    del data["entries"][other]["rotating_sets"]
-    db_file.write_text(json.dumps(data), encoding="utf-8")
-    summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "unrecorded.journal")))
-    assert [row.batch for row in summary.rows] == [1]
 
-    # So is one ranked under another timing rule (what the timing launches write).
-    data = json.loads(db_file.read_text(encoding="utf-8"))
-    assert {entry["timing_rule"] for entry in data["entries"].values()} == {TIMING_RULES["pack"]}
-    data["entries"][stale]["timing_rule"] = TIMING_RULES["pack"] + 1
-    db_file.write_text(json.dumps(data), encoding="utf-8")
-    summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "rule.journal")))
-    assert [row.batch for row in summary.rows] == [3]
+    # So is one ranked under another timing procedure, searched in another space, or measured with another
+    # triton or torch.
+    pack = DCP_FAMILY.kernel("pack")
+    for field, value in (
+        ("timing_hash", "0" * 64),
+        ("space_hash", "1" * 64),
+        ("versions", {"triton": "2.0", "torch": "2.11"}),
+    ):
+        data = json.loads(db_file.read_text(encoding="utf-8"))
+        assert {entry["timing_hash"] for entry in data["entries"].values()} == {timing_hash(pack)}
+        assert all(entry["versions"] == entry_versions() for entry in data["entries"].values())
+        data["entries"][stale][field] = value
+        db_file.write_text(json.dumps(data), encoding="utf-8")
+        summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / f"{field}.journal")))
+        assert [row.bucket for row in summary.rows] == [3], field
 
     # --retune tunes every study again.
     timer.calls = 0
     summary = run_tune(dataclasses.replace(options, storage=str(tmp_path / "third.journal"), retune=True))
-    assert [row.batch for row in summary.rows] == [1, 3] and timer.calls >= 4 + 4
+    assert [row.bucket for row in summary.rows] == [1, 3] and timer.calls >= 4 + 4
 
 
 @requires_interpreter
@@ -401,7 +414,7 @@ def test_a_run_that_dies_keeps_the_families_it_finished(tmp_path: Path, monkeypa
     # A lent GPU host can be taken back mid-run with no chance to clean up: what was decided must be on disk.
     options = tiny_options(tmp_path, kernels=("pack", "combine"))
     searched = []
-    original = study.search_family
+    original = search.search_family
 
     def search_family(ctx: Any, target: Any, buckets: list[int], deadline: float | None = None) -> None:
         if searched:
@@ -409,11 +422,11 @@ def test_a_run_that_dies_keeps_the_families_it_finished(tmp_path: Path, monkeypa
         searched.append(target.problem.kernel)
         original(ctx, target, buckets, deadline)
 
-    monkeypatch.setattr(study, "search_family", search_family)
+    monkeypatch.setattr("layoutgen.tuning.worker.search_family", search_family)
     with pytest.raises(RuntimeError, match="went away"):
         run_tune(options)
     database = read_database(Path(options.db_dir) / device_file_name(CPU_INTERPRETER_DEVICE))
-    assert sorted((entry.key.kernel, entry.key.batch_bucket) for entry in database.entries.values()) == [
+    assert sorted((entry.key.kernel, entry.key.bucket) for entry in database.entries.values()) == [
         (searched[0], 1),
         (searched[0], 3),
     ]
@@ -424,7 +437,7 @@ def test_a_repeated_config_is_not_timed_again(tmp_path: Path, monkeypatch: pytes
     options = tiny_options(tmp_path, buckets=(1,))
     (target,) = plan.make_targets(options)
     storage = open_storage(options.storage)
-    name, _ = study.prepare_study(storage, options, CPU_INTERPRETER_DEVICE, target, 1)
+    name, _ = prepare.prepare_study(storage, options, CPU_INTERPRETER_DEVICE, target, 1)
     duplicated = space.bind(target.problem, 1).to_params(target.default_config(1))
     handle = optuna.load_study(study_name=name, storage=storage)
     handle.enqueue_trial(duplicated)
@@ -446,14 +459,14 @@ def run_two_workers(options: plan.TuneOptions) -> None:
     assert summary.gate_failures == 0 and summary.unfinished == 0
     trials = all_trials(options)
     assert_no_config_timed_twice(trials)
-    claims = Counter(
-        str(t.user_attrs["claim"]["worker"]) for ts in trials.values() for t in ts if outcome(t) in study.EVALUATED
+    workers = Counter(
+        str(t.user_attrs["claim"]["worker"]) for ts in trials.values() for t in ts if outcome(t) in claims.EVALUATED
     )
-    assert len(claims) == 2, f"expected both workers to measure, got {dict(claims)}"
+    assert len(workers) == 2, f"expected both workers to measure, got {dict(workers)}"
     storage = open_storage(options.storage)
     for name, study_trials in trials.items():
         budget = optuna.load_study(study_name=name, storage=storage).user_attrs["layoutgen"]["budget"]
-        assert sum(1 for t in study_trials if outcome(t) in study.EVALUATED) == budget, name
+        assert sum(1 for t in study_trials if outcome(t) in claims.EVALUATED) == budget, name
 
 
 @requires_interpreter
@@ -465,8 +478,9 @@ def test_cli_rejects_trials_with_time_budget(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from layoutgen.cli import CommandFailed, app
+    from layoutgen.cli.common import expand_arguments
 
-    result = CliRunner().invoke(app, ["tune", "--interpret", "--trials", "3", "--time-budget", "5"])
+    result = CliRunner().invoke(app, expand_arguments(["tune", "--interpret", "--trials", "3", "--time-budget", "5"]))
     assert isinstance(result.exception, CommandFailed) and "not both" in str(result.exception)
 
 
@@ -474,22 +488,26 @@ def test_dry_run_prints_the_plan_without_tuning(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from layoutgen.cli import app
+    from layoutgen.cli.common import expand_arguments
 
-    result = CliRunner().invoke(app, ["tune", "--dry-run", "--spec", "vllm_a2a", "--kernel", "combine"])
+    result = CliRunner().invoke(app, expand_arguments(["tune", "--dry-run", "--spec", "vllm_a2a", "--kernel", "combine"]))
     assert result.exit_code == 0, result.output
     assert "117 studies" in result.output  # 9 default shapes x 13 buckets
     assert not (tmp_path / "cache" / "tuning").exists()  # no study storage was created
 
 
 def test_list_options_take_several_values_after_one_flag() -> None:
-    from layoutgen.cli_tune import expand_list_options
+    from layoutgen.cli.common import expand_arguments
 
-    args = ["--debug", "tune", "--N", "2", "4", "8", "--report", "out.md", "--batch", "1", "--interpret", "--D", "8"]
-    assert expand_list_options(args) == [
-        "--debug", "tune", "--N", "2", "--N", "4", "--N", "8", "--report", "out.md", "--batch", "1", "--interpret",
-        "--D", "8",
+    args = ["tune", "--N", "2", "4", "8", "--report", "out.md", "--batch", "1", "--interpret", "--D", "8", "--debug"]
+    assert expand_arguments(args) == [
+        "--debug", "tune", "--shape", "N=2,4,8", "--report", "out.md", "--bucket", "1", "--interpret",
+        "--shape", "D=8",
     ]  # fmt: skip
-    assert expand_list_options(["show", "--N", "2", "4"]) == ["show", "--N", "2", "4"]  # not tune: untouched
+    spec_list = expand_arguments(["tune", "--spec", "a", "b", "--kernel", "pack"])
+    assert spec_list == ["tune", "--spec", "a", "--spec", "b", "--kernel", "pack"]
+    # show takes one value per alias and a positional spec argument after it.
+    assert expand_arguments(["show", "--N", "2", "pynccl_a2a"]) == ["show", "--shape", "N=2", "pynccl_a2a"]
 
 
 def test_the_cli_reads_several_values_after_one_flag(tmp_path: Path) -> None:
@@ -508,22 +526,34 @@ def test_the_cli_reads_several_values_after_one_flag(tmp_path: Path) -> None:
 def test_the_compile_worker_drives_every_launcher_with_meta_tensors(spec_name: str) -> None:
     """The pool worker's plumbing (meta buffers, the launcher's `kernel=` hook); under the interpreter the
     warm-up compiles nothing, on a GPU the same call fills Triton's cache."""
-    from layoutgen.tuning.compile import CompileJob, batch_class, compile_variant
+    from layoutgen.tuning.compile import compile_variant, integer_class
+    from layoutgen.tuning.objective import Target
 
     module = layoutgen.load(spec_name)
+    jobs = []
     for kernel in ("pack", "combine"):
-        problem = space.Problem(module.SPEC, kernel, 2, 3, 16, "bfloat16")  # type: ignore[arg-type]
+        problem = dcp_problem(module.SPEC, kernel, 2, 3, 16, "bfloat16")
         config = space.bind(problem, 5).feasible()[-1]
-        job = CompileJob(module.__file__, kernel, 2, 6, 16, "bfloat16", 16, 5, tuple(sorted(config.as_dict().items())))
+        workload = DcpWorkload(
+            Target(problem, module), 5, torch.device("cuda" if torch.cuda.is_available() else "cpu"), 0
+        )
+        job = workload.compile_job(config)
         assert compile_variant(job) is None
-    broken = CompileJob(module.__file__, "pack", 2, 6, 16, "bfloat16", 16, 5, (("block_dim", 3),))
+        jobs.append(job)
+    broken = dataclasses.replace(jobs[0], config=(("block_dim", 3),))
     failure = compile_variant(broken)
     assert failure is not None and not failure.from_triton and "PackConfig" in failure.message
-    assert [batch_class(b) for b in (1, 2, 8, 16, 4096)] == ["one", "plain", "plain", "div16", "div16"]
-    assert job.variant == CompileJob(*job.__dict__.values()).variant
-    # The live batch is not specialised: one compile serves B = 1, 5 and 16 at the same capacity class.
-    assert len({dataclasses.replace(job, batch=batch).variant for batch in (1, 5, 16)}) == 1
-    assert dataclasses.replace(job, capacity=17).variant != job.variant
+    assert [integer_class(b) for b in (1, 2, 8, 16, 4096)] == ["one", "plain", "plain", "div16", "div16"]
+    # The live batch is not specialised: one compile serves every batch of the same capacity class.
+    problem = dcp_problem(module.SPEC, "pack", 2, 3, 16, "bfloat16")
+    config = space.bind(problem, 5).feasible()[-1]
+    variants = {
+        DcpWorkload(Target(problem, module), batch, torch.device("cuda"), 0).compile_job(config).variant
+        for batch in (1, 5, 16)
+    }
+    assert len(variants) == 1
+    # Capacity 17 (one spare row under the interpreter) is another integer class than 16.
+    assert DcpWorkload(Target(problem, module), 16, torch.device("cpu"), 0).compile_job(config).variant not in variants
 
 
 @pytest.mark.gpu
@@ -533,7 +563,7 @@ def test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool(tmp_path: Path
 
     options = tiny_options(
         tmp_path,
-        shapes=((2, 16, 512),),
+        grid=dcp_grid(2, 16, 512),
         kernels=("pack", "combine"),
         buckets=(1, 64),
         trials=6,
@@ -562,7 +592,7 @@ def test_the_phase_summary_splits_a_trial_into_its_parts() -> None:
     from types import SimpleNamespace
 
     phases = {"compile wait": 0.1, "gate and first launch": 0.4, "timing": 1.0}
-    line = study.phase_summary(SimpleNamespace(phase_seconds=phases, trials_evaluated=100), seconds=2.0)  # type: ignore[arg-type]
+    line = context.phase_summary(SimpleNamespace(phase_seconds=phases, trials_evaluated=100), seconds=2.0)  # type: ignore[arg-type]
     assert line == (
         "100 trials in 2 s; ms per trial: compile wait 1.0, gate and first launch 4.0, timing 10.0, "
         "the rest (sampler, storage, final re-timing) 5.0"
@@ -616,16 +646,19 @@ def fake_timings(
     def time_interleaved(self: WallClockTimer, launches: list[LaunchOf], *args: Any, **kwargs: Any) -> Any:
         return [summarize([us] * 3, 1) for us in retime([launch.config for launch in launches])]
 
-    monkeypatch.setattr(study.Workload, "timing_launch", lambda self, config: LaunchOf(config))
+    monkeypatch.setattr(DcpWorkload, "timing_launch", lambda self, config: LaunchOf(config))
     monkeypatch.setattr(WallClockTimer, "time", time)
     monkeypatch.setattr(WallClockTimer, "time_interleaved", time_interleaved)
 
 
 def stale_entry(target: Any, batch: int, config: Any) -> TuningEntry:
     """A database entry holding `config`, measured on an older kernel source (so its study is tuned)."""
-    return TuningEntry(key=plan.tuning_key(target, batch), config=config.as_dict(), median_us=1.0, p20_us=1.0,
+    current = plan.expected(target)
+    return TuningEntry(key=target.problem.key(batch), config=config.as_dict(), median_us=1.0, p20_us=1.0,
                        p80_us=1.0, default_us=2.0, trials=4, spec_hash=target.spec_hash,
-                       source_hash="an older kernel", measured_at="2026-01-01T00:00:00+00:00")  # fmt: skip
+                       source_hash="an older kernel", space_hash=current.space_hash, timing_hash=current.timing_hash,
+                       versions=dict(current.versions), measured_at="2026-01-01T00:00:00+00:00",
+                       rotating_sets=1)  # fmt: skip
 
 
 @requires_interpreter
@@ -650,7 +683,7 @@ def test_the_fastest_finalist_of_the_re_timing_wins_not_the_fastest_of_the_searc
     (name,) = all_trials(options)
     final = optuna.load_study(study_name=name, storage=open_storage(options.storage)).user_attrs["final"]
     finalists = [type(default).from_dict(f["config"]) for f in final["finalists"]]
-    assert len(finalists) == study.FINALISTS and default not in finalists and lucky[-1] in finalists
+    assert len(finalists) == decision.FINALISTS and default not in finalists and lucky[-1] in finalists
     runner_up = min((config for config in finalists if config != lucky[-1]), key=searched.get)
     assert final["chosen"] == "tuned" and final["config"] == runner_up.as_dict()
 
@@ -679,18 +712,18 @@ def test_a_retune_replaces_the_database_config_only_past_the_noise(
     assert (final["config"] == recorded.as_dict()) is kept
     assert ("database_config_kept" in final) is kept
     database = read_database(Path(options.db_dir) / device_file_name(CPU_INTERPRETER_DEVICE))
-    assert (database.entries[plan.tuning_key(target, 3).as_str()].config == recorded.as_dict()) is kept
+    assert (database.entries[target.problem.key(3).as_str()].config == recorded.as_dict()) is kept
 
 
 @requires_interpreter
 def test_combine_timing_writes_one_output_for_every_rotating_set(tmp_path: Path) -> None:
     # As the benchmark and serving (a static output under CUDA graphs) do: with an output per set, every call's
-    # writes went to DRAM and configs the benchmark tells apart tied in the tuner (TIMING_RULES).
+    # writes went to DRAM and configs the benchmark tells apart tied in the tuner (the kernels' declared timing).
     options = tiny_options(tmp_path, kernels=("pack", "combine"), buckets=(3,))
     pack_target, combine_target = plan.make_targets(options)
     launched: dict[str, list[Any]] = {"pack": [], "combine": []}
     for target in (pack_target, combine_target):
-        workload = study.Workload(target, 3, torch.device("cpu"), l2_bytes=1 << 20)
+        workload = DcpWorkload(target, 3, torch.device("cpu"), l2_bytes=1 << 20)
         assert workload.sets == MAX_ROTATING_SETS
         config = target.default_config(3)
         launch = workload.timing_launch(config)

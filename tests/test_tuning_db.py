@@ -17,8 +17,8 @@ from layoutgen.tuning_db import (
     TuningDatabase,
     TuningEntry,
     TuningKey,
-    batch_bucket,
     device_file_name,
+    pick_bucket,
     read_database,
     record,
 )
@@ -28,7 +28,15 @@ VERSIONS = {"layoutgen": "0.1.0", "triton": "3.6.0", "torch": "2.13.0", "cuda": 
 
 
 def make_key(bucket: int = 64, spec: str = "pynccl_a2a", kernel: str = "pack", N: int = 4) -> TuningKey:
-    return TuningKey(spec=spec, kernel=kernel, N=N, heads_per_peer=32, D=512, dtype="bfloat16", batch_bucket=bucket)
+    return TuningKey(
+        family="dcp",
+        spec=spec,
+        kernel=kernel,
+        extents=(("N", N), ("Hl", 32), ("D", 512)),
+        dtype="bfloat16",
+        bucket_name="B",
+        bucket=bucket,
+    )
 
 
 def make_entry(
@@ -44,7 +52,11 @@ def make_entry(
         trials=40,
         spec_hash="a" * 64,
         source_hash="b" * 64,
+        space_hash="c" * 64,
+        timing_hash="d" * 64,
+        versions={"triton": "3.6", "torch": "2.11"},
         measured_at=measured_at,
+        rotating_sets=8,
     )
 
 
@@ -53,17 +65,19 @@ def make_entry(
 
 def test_key_string_is_canonical_and_round_trips() -> None:
     key = make_key()
-    assert key.as_str() == "pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64"
+    assert key.as_str() == "dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64"
     assert TuningKey.from_str(key.as_str()) == key
     with pytest.raises(ValueError, match="not a tuning key"):
         TuningKey.from_str(str(tuple(key.model_dump().values())))
 
 
-def test_key_rejects_unknown_dtype_and_kernel() -> None:
-    with pytest.raises(ValueError, match="dtype"):
-        TuningKey(spec="s", kernel="pack", N=1, heads_per_peer=1, D=8, dtype="int8", batch_bucket=1)
-    with pytest.raises(ValueError, match="kernel"):
-        TuningKey(spec="s", kernel="merge", N=1, heads_per_peer=1, D=8, dtype="float16", batch_bucket=1)
+def test_key_rejects_malformed_fields() -> None:
+    good = make_key().model_dump()
+    for field, value in (("dtype", "Int 8"), ("kernel", "pa|ck"), ("extents", (("N", 0),)), ("bucket", 0)):
+        with pytest.raises(ValueError, match=field):
+            TuningKey(**{**good, field: value})
+    with pytest.raises(ValueError, match="not a tuning key"):
+        TuningKey.from_str("pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64")  # a schema-1 name: no family
 
 
 def test_database_round_trips_through_json(tmp_path: Path) -> None:
@@ -84,7 +98,7 @@ def test_database_round_trips_through_json(tmp_path: Path) -> None:
 def test_entry_names_must_match_their_keys(tmp_path: Path) -> None:
     path = record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
     data = json.loads(path.read_text())
-    data["entries"]["pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=1"] = data["entries"].popitem()[1]
+    data["entries"]["dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=1"] = data["entries"].popitem()[1]
     path.write_text(json.dumps(data))
     with pytest.raises(DatabaseError, match=r"NVIDIA_H200\.json.*the names must match"):
         read_database(path)
@@ -133,13 +147,13 @@ def test_device_file_name_rejects_names_without_letters() -> None:
 
 
 @pytest.mark.parametrize(("B", "bucket"), [(0, 1), (1, 1), (2, 8), (8, 8), (9, 64), (64, 64), (65, 64), (4096, 64)])
-def test_batch_bucket_is_smallest_tuned_bucket_at_least_B_else_largest(B: int, bucket: int) -> None:
-    assert batch_bucket(B, [64, 1, 8, 8]) == bucket
+def test_the_bucket_is_the_smallest_tuned_one_at_least_the_size_else_the_largest(B: int, bucket: int) -> None:
+    assert pick_bucket(B, [64, 1, 8, 8]) == bucket
 
 
-def test_batch_bucket_needs_buckets() -> None:
+def test_picking_a_bucket_needs_buckets() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        batch_bucket(3, [])
+        pick_bucket(3, [])
 
 
 # --- merging ----------------------------------------------------------------------------------------------------
@@ -221,7 +235,7 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
         worker.join(timeout=120)
     assert [worker.exitcode for worker in workers] == [0] * len(buckets)
     database = read_database(tmp_path / device_file_name(DEVICE))
-    assert sorted(entry.key.batch_bucket for entry in database.entries.values()) == buckets
+    assert sorted(entry.key.bucket for entry in database.entries.values()) == buckets
 
 
 def test_writer_killed_mid_write_leaves_a_valid_file(tmp_path: Path) -> None:
@@ -245,8 +259,9 @@ def test_cli_db_check_and_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     from rich.console import Console
     from typer.testing import CliRunner
 
-    from layoutgen import cli_db
     from layoutgen.cli import CommandFailed, app
+    from layoutgen.cli import db as cli_db
+    from layoutgen.cli.common import expand_arguments
 
     monkeypatch.setattr(cli_db, "console", Console(width=400))
 
@@ -255,19 +270,18 @@ def test_cli_db_check_and_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     def text(result: Any) -> str:
         return " ".join(result.output.split())  # rich wraps long lines
 
-    empty = runner.invoke(app, ["db", "check", "--db", str(tmp_path)])
+    empty = runner.invoke(app, expand_arguments(["db", "check", "--db", str(tmp_path)]))
     assert empty.exit_code == 0 and "an empty database is valid" in text(empty)
     record(tmp_path, DEVICE, "9.0", [make_entry(), make_entry(make_key(8, kernel="combine"))], VERSIONS)
-    checked = runner.invoke(app, ["db", "check", "--db", str(tmp_path)])
+    checked = runner.invoke(app, expand_arguments(["db", "check", "--db", str(tmp_path)]))
     assert checked.exit_code == 0, checked.output
     assert f"ok {tmp_path / 'NVIDIA_H200.json'}: 2 stale spec" in text(checked)  # the test entries' hashes are made up
-    assert "2 of them ranked under an older timing rule or not recording it" in text(checked)
-    shown = runner.invoke(app, ["db", "show", "--db", str(tmp_path), "--device", DEVICE])
+    shown = runner.invoke(app, expand_arguments(["db", "show", "--db", str(tmp_path), "--device", DEVICE]))
     assert shown.exit_code == 0, shown.output
-    row = "pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64 │ block_batch=1 block_dim=512 block_head=4 num_stages=1"
+    row = "dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16|B=64 │ block_batch=1 block_dim=512 block_head=4 num_stages=1"
     assert row in text(shown) and "│ 3.50 │ 3.15-4.20 │ 5.25 │ 1.50x │ 40 │ stale spec │" in text(shown)
-    (tmp_path / "Other_GPU.json").write_text('{"schema_version": 1}')
-    broken = runner.invoke(app, ["db", "check", "--db", str(tmp_path)])
+    (tmp_path / "Other_GPU.json").write_text('{"schema_version": 2}')
+    broken = runner.invoke(app, expand_arguments(["db", "check", "--db", str(tmp_path)]))
     assert isinstance(broken.exception, CommandFailed) and "1 invalid tuning database file(s)" in str(broken.exception)
     assert f"invalid tuning database {tmp_path / 'Other_GPU.json'} is invalid: device_name: Field required" in text(
         broken

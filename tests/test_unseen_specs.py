@@ -32,10 +32,11 @@ from conftest import (
     strided_inputs,
 )
 
-from layoutgen import reference
-from layoutgen.layout import LayoutBuffers, wire_dtype
-from layoutgen.spec import PAYLOAD_AXES, STATS_AXES, SpecError, parse_spec
-from layoutgen.tolerances import combine_error, lse_error
+from layoutgen.dcp import reference
+from layoutgen.dcp.layout import LayoutBuffers, wire_dtype
+from layoutgen.dcp.spec import PAYLOAD_AXES, STATS_AXES
+from layoutgen.dcp.tolerances import combine_error, lse_error
+from layoutgen.spec import SpecError, parse_spec
 
 ALIGNS = (None, 4, 8, 16, 32, 64, 128, 256)
 # (slots, slot) as written in YAML; None means the key is left out (defaults 1 and 0).

@@ -49,7 +49,10 @@ def show(
     layout = resolve_spec(spec)
     values, chosen = _shape_of(layout, shape, dtype)
     if png is not None:
-        show_module.png.require_matplotlib()  # fail before printing anything
+        try:
+            show_module.png.require_matplotlib()  # fail before printing anything
+        except ImportError as error:
+            raise bad_input(str(error)) from None
     try:
         bmap = show_module.byte_map(layout, values, chosen)
     except (ValueError, TypeError) as error:

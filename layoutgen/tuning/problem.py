@@ -56,7 +56,7 @@ class Problem:
             family=self.spec.family,
             spec=self.spec.name,
             kernel=self.kernel,
-            extents=dict(self.extents),
+            extents=self.extents,
             dtype=self.dtype,
             bucket_name=self.family.bucket.name,
             bucket=bucket,
