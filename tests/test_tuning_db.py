@@ -286,3 +286,112 @@ def test_cli_db_check_and_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert f"invalid tuning database {tmp_path / 'Other_GPU.json'} is invalid: device_name: Field required" in text(
         broken
     )
+
+
+# --- the committed database and its migration from schema 1 ---------------------------------------------------------
+
+
+def test_the_committed_h200_database_is_current_and_dispatch_picks_its_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every one of the H200 file's entries is current for today's specs, kernels, spaces and timing procedure,
+    and dispatch on that device (torch 2.11, triton 3.6, as the file records) chooses exactly its config."""
+    import warnings
+
+    import torch
+
+    from layoutgen.family import get_family
+    from layoutgen.loader import load
+    from layoutgen.runtime import LayoutgenWarning, configs
+
+    path = configs.packaged_database_dir() / "NVIDIA_H200.json"
+    database = read_database(path)
+    assert len(database.entries) == 936
+    monkeypatch.delenv("LAYOUTGEN_TUNING_DB", raising=False)
+    monkeypatch.setattr(configs, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(tuning_db, "entry_versions", lambda: {"triton": "3.6", "torch": "2.11"})
+    configs.reset()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", LayoutgenWarning)
+            for entry in database.entries.values():
+                key = entry.key
+                module = load(key.spec)
+                decl = get_family(key.family).kernel(key.kernel)
+                chosen = configs.resolve_config(
+                    key.family,
+                    key.spec,
+                    decl,
+                    torch.device("cuda", 0),
+                    dict(key.extents),
+                    key.dtype,
+                    key.bucket,
+                    module.SPEC_HASH,
+                    module.SOURCE_HASHES[key.kernel],
+                    lambda: pytest.fail(f"{key.as_str()}: dispatch fell back to the default"),
+                )
+                assert chosen.as_dict() == entry.config, key.as_str()
+    finally:
+        configs.reset()
+
+
+def test_the_schema_1_migration_converts_by_content(tmp_path: Path) -> None:
+    import hashlib
+    import subprocess
+    import sys
+
+    from layoutgen.codegen import render_kernels
+    from layoutgen.spec import bundled_specs
+
+    spec = bundled_specs()["pynccl_a2a"]
+    units = render_kernels(spec)
+    legacy_spec = hashlib.sha256(
+        json.dumps(
+            spec.model_dump(mode="json", exclude={"summary", "family"}), sort_keys=True, separators=(",", ":")
+        ).encode()
+    ).hexdigest()
+
+    def old_entry(kernel: str, bucket: int, source_hash: str, timing_rule: int) -> dict[str, Any]:
+        key = {"spec": "pynccl_a2a", "kernel": kernel, "N": 2, "heads_per_peer": 2, "D": 8, "dtype": "bfloat16"}
+        return {
+            "key": key | {"batch_bucket": bucket},
+            "config": {"block_batch": 1, "block_head": 2, "block_dim": 8, "num_warps": 1, "num_stages": 1},
+            "median_us": 1.0, "p20_us": 1.0, "p80_us": 1.0, "default_us": 2.0, "trials": 3,
+            "spec_hash": legacy_spec, "source_hash": source_hash, "measured_at": "2026-11-29T07:00:00+00:00",
+            "rotating_sets": 8, "timing_rule": timing_rule,
+        }  # fmt: skip
+
+    pack_legacy = hashlib.sha256((units["pack"] + "\n\n").encode()).hexdigest()
+    combine_legacy = hashlib.sha256(units["combine"].encode()).hexdigest()
+    entries = [
+        old_entry("pack", 1, pack_legacy, 1),
+        old_entry("combine", 1, combine_legacy, 2),
+        old_entry("combine", 2, "0" * 64, 2),  # another kernel source
+        old_entry("combine", 4, combine_legacy, 1),  # the old combine timing rule
+    ]
+    old = {
+        "schema_version": 1, "device_name": DEVICE, "compute_capability": "9.0",
+        "versions": {"triton": "3.6.0", "torch": "2.11.0+cu130", "layoutgen": "0.1.0", "cuda": "13.0"},
+        "entries": {f"pynccl_a2a|{e['key']['kernel']}|N=2|Hl=2|D=8|bfloat16|B={e['key']['batch_bucket']}": e for e in entries},
+    }  # fmt: skip
+    path = tmp_path / "NVIDIA_H200.json"
+    path.write_text(json.dumps(old))
+    with pytest.raises(DatabaseError, match="migrate_tuning_db_v2"):
+        read_database(path)
+    script = Path(__file__).resolve().parent.parent / "scripts" / "migrate_tuning_db_v2.py"
+    result = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "4 entries converted to schema 2 (2 current, 2 stale, 1 stale kernel source, 1 stale timing rule)" in (
+        result.stdout
+    )
+    converted = read_database(path).entries
+    from layoutgen.dcp import FAMILY
+    from layoutgen.tuning.procedure import space_hash, timing_hash
+
+    first = converted["dcp|pynccl_a2a|pack|N=2|Hl=2|D=8|bfloat16|B=1"]
+    assert first.spec_hash == spec.layout_hash() and first.versions == {"triton": "3.6", "torch": "2.11"}
+    assert first.source_hash == hashlib.sha256(units["pack"].encode()).hexdigest()
+    assert first.space_hash == space_hash(FAMILY.kernel("pack")) and first.timing_hash == timing_hash(
+        FAMILY.kernel("pack")
+    )
+    assert converted["dcp|pynccl_a2a|combine|N=2|Hl=2|D=8|bfloat16|B=1"].source_hash == combine_legacy
+    assert converted["dcp|pynccl_a2a|combine|N=2|Hl=2|D=8|bfloat16|B=2"].source_hash.startswith("legacy:")
+    assert converted["dcp|pynccl_a2a|combine|N=2|Hl=2|D=8|bfloat16|B=4"].timing_hash.startswith("legacy:")
