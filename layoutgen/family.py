@@ -20,7 +20,7 @@ import json
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 #: The families that ship with layoutgen: name -> the package that holds its `FAMILY`.
 BUILTIN_FAMILIES: dict[str, str] = {
     "dcp": "layoutgen.dcp",
+    "ulysses": "layoutgen.ulysses",
 }
 #: The family of a spec that names none (every spec written before families existed is a DCP spec).
 DEFAULT_FAMILY = "dcp"
@@ -326,6 +327,3 @@ def get_family(name: str) -> Family:
 
 def families() -> list[Family]:
     return [get_family(name) for name in family_names()]
-
-
-

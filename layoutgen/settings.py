@@ -68,7 +68,7 @@ def _families(text: str) -> dict[str, str]:
 
 
 DEBUG = Variable("LAYOUTGEN_DEBUG", "`1`: show tracebacks for CLI errors", _flag, False)
-TUNING_DB = Variable(
+TUNING_DB: Variable[Path | None] = Variable(
     "LAYOUTGEN_TUNING_DB",
     "a directory of tuning databases (`<device>.json`) searched before the packaged `tuning_db/`; per entry "
     "the first current match wins",
@@ -84,7 +84,7 @@ CONFIG = Variable(
     str,
     "",
 )
-CACHE_DIR = Variable(
+CACHE_DIR: Variable[Path | None] = Variable(
     "LAYOUTGEN_CACHE_DIR",
     "layoutgen's cache directory (default: `platformdirs.user_cache_dir(\"layoutgen\")`): the tuner's "
     "default study journal `tuning/studies.journal`, modules rendered from `--spec FILE.yaml`, the "
@@ -92,7 +92,7 @@ CACHE_DIR = Variable(
     _path,
     None,
 )
-FAMILIES = Variable(
+FAMILIES: Variable[dict[str, str]] = Variable(
     "LAYOUTGEN_FAMILIES",
     "kernel families outside layoutgen, `NAME=MODULE[,NAME=MODULE...]`: each MODULE exposes a "
     "`layoutgen.family.Family` as `FAMILY` (`layoutgen.family.register` does the same in code)",
@@ -106,7 +106,7 @@ TEST_POSTGRES_URL = Variable(
     str,
     "",
 )
-SGLANG_DCP_KERNELS = Variable(
+SGLANG_DCP_KERNELS: Variable[Path | None] = Variable(
     "LAYOUTGEN_SGLANG_DCP_KERNELS",
     "path to sglang's `dcp_kernels.py` for the interop test and the baseline benchmark (default: the "
     "installed `sglang` package, `pip install --no-deps sglang==0.5.23`)",

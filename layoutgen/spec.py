@@ -38,10 +38,9 @@ NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 SCHEMA_DOC = "docs/design.md §3"
 # Names that Python or pytest import on their own when found on the path, or that Windows treats as
 # devices whatever the extension; importable modules are added by `reserved_names()`.
-_ALWAYS_RESERVED = (
-    {"generated", "sitecustomize", "usercustomize", "conftest", "setup", "con", "prn", "aux", "nul"}
-    | {f"{device}{number}" for device in ("com", "lpt") for number in range(10)}
-)
+_ALWAYS_RESERVED = {"generated", "sitecustomize", "usercustomize", "conftest", "setup", "con", "prn", "aux", "nul"} | {
+    f"{device}{number}" for device in ("com", "lpt") for number in range(10)
+}
 
 
 @functools.cache

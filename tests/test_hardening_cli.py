@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from layoutgen.tuning.claims import UNCLAIMED_STALE_AFTER_S
 
 from layoutgen import codegen
 from layoutgen.dcp import FAMILY as DCP_FAMILY
 from layoutgen.spec import SpecError, load_spec
+from layoutgen.tuning.claims import UNCLAIMED_STALE_AFTER_S
 from layoutgen.tuning_db import read_database
 
 PYNCCL_SPEC = DCP_FAMILY.spec_dir / "pynccl_a2a.yaml"

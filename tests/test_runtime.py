@@ -150,9 +150,7 @@ def test_stale_entry_warns_once_and_falls_back(module: ModuleType, clean_dispatc
 
 def test_missing_shape_warns_once_and_falls_back(module: ModuleType, clean_dispatch: Path) -> None:
     other_shape = entry(module, "pack", 8, TUNED_PACK).model_copy(
-        update={
-            "key": dcp_key("vllm_a2a", "pack", 4, 3, 24, "bfloat16", 8)
-        }
+        update={"key": dcp_key("vllm_a2a", "pack", 4, 3, 24, "bfloat16", 8)}
     )
     write_db(clean_dispatch, [other_shape])
     with warnings.catch_warnings(record=True) as caught:
@@ -452,7 +450,9 @@ def test_pack_rejects_a_config_of_the_wrong_kind(module: ModuleType) -> None:
         TypeError, match=re.escape("config must be a layoutgen.dcp.config.PackConfig or None, got CombineConfig")
     ):
         module.pack(out, lse, _bufs(module), config=CombineConfig(block_batch=1, block_head=1, block_dim=8))
-    with pytest.raises(TypeError, match=re.escape("config must be a layoutgen.dcp.config.PackConfig or None, got dict")):
+    with pytest.raises(
+        TypeError, match=re.escape("config must be a layoutgen.dcp.config.PackConfig or None, got dict")
+    ):
         module.pack(out, lse, _bufs(module), config=dict(TUNED_PACK))
 
 

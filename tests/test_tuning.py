@@ -490,7 +490,9 @@ def test_dry_run_prints_the_plan_without_tuning(tmp_path: Path) -> None:
     from layoutgen.cli import app
     from layoutgen.cli.common import expand_arguments
 
-    result = CliRunner().invoke(app, expand_arguments(["tune", "--dry-run", "--spec", "vllm_a2a", "--kernel", "combine"]))
+    result = CliRunner().invoke(
+        app, expand_arguments(["tune", "--dry-run", "--spec", "vllm_a2a", "--kernel", "combine"])
+    )
     assert result.exit_code == 0, result.output
     assert "117 studies" in result.output  # 9 default shapes x 13 buckets
     assert not (tmp_path / "cache" / "tuning").exists()  # no study storage was created

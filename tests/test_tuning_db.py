@@ -302,6 +302,9 @@ def test_the_committed_h200_database_is_current_and_dispatch_picks_its_configs(m
     from layoutgen.loader import load
     from layoutgen.runtime import LayoutgenWarning, configs
 
+    def fallback_fails(name: str) -> Any:
+        return lambda: pytest.fail(f"{name}: dispatch fell back to the default")
+
     path = configs.packaged_database_dir() / "NVIDIA_H200.json"
     database = read_database(path)
     assert len(database.entries) == 936
@@ -326,7 +329,7 @@ def test_the_committed_h200_database_is_current_and_dispatch_picks_its_configs(m
                     key.bucket,
                     module.SPEC_HASH,
                     module.SOURCE_HASHES[key.kernel],
-                    lambda: pytest.fail(f"{key.as_str()}: dispatch fell back to the default"),
+                    fallback_fails(key.as_str()),
                 )
                 assert chosen.as_dict() == entry.config, key.as_str()
     finally:

@@ -63,7 +63,7 @@ _stopped: dict[str, int | None] = {"by": None}
 def _on_signal(signum: int, frame: Any) -> None:
     # Remember the signal: a library may swallow the KeyboardInterrupt (typer returns 130 outside standalone
     # mode) or turn it into another error (an import interrupted half-way); the exit says why anyway.
-    _stopped["by"] = signum
+    _stopped["by"] = int(signum)
     raise KeyboardInterrupt
 
 
@@ -79,16 +79,16 @@ def main() -> None:
     exit 130 / 143 after the code under way has cleaned up."""
     _stopped["by"] = None
     watch = threading.current_thread() is threading.main_thread()
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     if watch:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(signum) not in (signal.SIG_IGN, None):
-                previous[signum] = signal.signal(signum, _on_signal)
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(stop) not in (signal.SIG_IGN, None):
+                previous[stop] = signal.signal(stop, _on_signal)
     try:
         _run()
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
 
 
 def _run() -> None:

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from layoutgen.cli.common import CommandFailed, bad_input, console, errors, resolve_spec_source, say
+from layoutgen.cli.common import CommandFailed, bad_input, console, resolve_spec_source, say
 
 
 def _spec_sources(spec_files: list[str] | None) -> tuple[list[tuple[Any, Path]], bool]:
@@ -46,7 +46,9 @@ def _refuse_inside_package(out_dir: Path) -> None:
 def build(
     spec: Annotated[
         list[str] | None,
-        typer.Option("--spec", help="A bundled spec name or a spec YAML file (repeatable). Default: every bundled spec."),
+        typer.Option(
+            "--spec", help="A bundled spec name or a spec YAML file (repeatable). Default: every bundled spec."
+        ),
     ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Output directory. Default: the checkout's generated/.")

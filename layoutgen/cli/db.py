@@ -53,7 +53,9 @@ def _expectations() -> dict[tuple[str, str], Expected]:
         family = get_family(spec.family)
         for kernel, source in source_hashes(spec).items():
             decl = family.kernel(kernel)
-            expected[(name, kernel)] = Expected(spec.layout_hash(), source, space_hash(decl), timing_hash(decl), versions)
+            expected[(name, kernel)] = Expected(
+                spec.layout_hash(), source, space_hash(decl), timing_hash(decl), versions
+            )
     return expected
 
 

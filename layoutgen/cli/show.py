@@ -39,7 +39,8 @@ def show(
     shape: ShapeOption = None,
     dtype: DtypeOption = None,
     png: Annotated[
-        Path | None, typer.Option("--png", help="Also write the drawing as a PNG (needs matplotlib: layoutgen\\[plot]).")
+        Path | None,
+        typer.Option("--png", help="Also write the drawing as a PNG (needs matplotlib: layoutgen\\[plot])."),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:

@@ -9,6 +9,7 @@ from typing import ClassVar
 from layoutgen.config import LaunchConfig, next_pow2
 from layoutgen.dcp.spec import DcpSpec
 
+
 @dataclass(frozen=True)
 class _TileConfig(LaunchConfig):
     """The tile both DCP kernels share: a box of batch x head x dim (pack adds peers)."""
@@ -66,9 +67,7 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
     return dataclasses.replace(config, num_warps=_warps_for(config.tile_elements, elem_size))
 
 
-def default_combine_config(
-    spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: int, elem_size: int
-) -> CombineConfig:
+def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: int, elem_size: int) -> CombineConfig:
     """Small one-warp tiles, grown only until a program loads about 2048 elements over its N peers.
 
     Each program loops over the N peers, so parallelism comes from many programs.  H200, bf16, D = 512

@@ -21,7 +21,9 @@ from layoutgen.runtime.exchange import all_to_all_tensors
 __all__ = ["Dispatcher", "all_to_all_buffers", "allocate"]
 
 
-def allocate(spec: DcpSpec, N: int, B_max: int, H: int, D: int, dtype: torch.dtype, device: Any = None) -> LayoutBuffers:
+def allocate(
+    spec: DcpSpec, N: int, B_max: int, H: int, D: int, dtype: torch.dtype, device: Any = None
+) -> LayoutBuffers:
     return remember_buffers(LayoutBuffers.allocate(spec, N, B_max, H, D, dtype, device))
 
 

@@ -44,8 +44,9 @@ class DcpWorkload(Workload):
     def compile_job(self, config: LaunchConfig) -> CompileJob:
         shape = (("N", self.N), ("H", self.H), ("D", self.D), ("dtype", self.problem.dtype))
         sizes = (("capacity", self.capacity), ("batch", self.batch))
-        return CompileJob(self.target.module_path, self.problem.kernel, shape + sizes,
-                          tuple(sorted(config.as_dict().items())), shape + (integer_class(self.capacity),))  # fmt: skip
+        config_items = tuple(sorted(config.as_dict().items()))
+        variant = (*shape, integer_class(self.capacity))
+        return CompileJob(self.target.module_path, self.problem.kernel, (*shape, *sizes), config_items, variant)
 
     def _random_inputs(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         out = torch.randn(self.batch, self.H, self.D, generator=generator, device=self.device).to(self.dtype)
@@ -147,5 +148,3 @@ class DcpWorkload(Workload):
             shape = (self.batch, self.H // self.N, self.D)
             self._timing_result = torch.empty(shape, dtype=self.dtype, device=self.device)
         return {"bufs": bufs, "result": self._timing_result}
-
-

@@ -32,4 +32,6 @@ def all_to_all_tensors(send: Mapping[str, torch.Tensor], recv: Mapping[str, torc
                 f"the group has {world} ranks but buffer {name!r} holds {send_tensor.shape[0]} peer chunks; "
                 "allocate it for as many peers as the group has ranks"
             )
-        dist.all_to_all_single(recv_tensor.view(-1).view(torch.uint8), send_tensor.view(-1).view(torch.uint8), group=group)
+        dist.all_to_all_single(
+            recv_tensor.view(-1).view(torch.uint8), send_tensor.view(-1).view(torch.uint8), group=group
+        )

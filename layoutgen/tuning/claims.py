@@ -54,7 +54,6 @@ def params_key(params: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((name, int(value)) for name, value in params.items()))
 
 
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -92,5 +91,3 @@ def fail_trial(study: optuna.Study, number: int, outcome: str, reason: str, conf
     handle = trial_handle(study, number)
     handle.set_user_attr("result", {"outcome": outcome, "reason": reason, "config": config})
     study.tell(handle, state=TrialState.FAIL, skip_if_finished=True)
-
-

@@ -58,7 +58,6 @@ class Context:
     trials_evaluated: int = 0
 
 
-
 def make_context(options: TuneOptions, storage: Any, reporter: Reporter) -> Context:
     import torch
 
@@ -83,8 +82,6 @@ def make_context(options: TuneOptions, storage: Any, reporter: Reporter) -> Cont
     return Context(options, storage, device, name, capability, CudaGraphTimer(), pool, l2_bytes, copy_tbps, reporter)
 
 
-
-
 def phase_summary(ctx: Context, seconds: float) -> str:
     """Where the search's wall time went, per evaluated trial: what to shorten when a grid takes too long."""
     per_trial = {name: 1e3 * value / ctx.trials_evaluated for name, value in ctx.phase_seconds.items()}
@@ -105,5 +102,3 @@ def device_identity(options: TuneOptions) -> tuple[str, str]:
     if found is None:
         raise RuntimeError("no CUDA device is visible; tune on a GPU, or run the pipeline on CPU with --interpret")
     return found
-
-

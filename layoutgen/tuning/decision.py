@@ -122,7 +122,9 @@ def _finalists(search: BucketSearch, measured: list[FrozenTrial], default: Launc
     return finalists
 
 
-def _default_problem(search: BucketSearch, trials: list[FrozenTrial], workload: Workload, default: LaunchConfig) -> str | None:
+def _default_problem(
+    search: BucketSearch, trials: list[FrozenTrial], workload: Workload, default: LaunchConfig
+) -> str | None:
     """Why the default config cannot be used (None when it ran and passed the gate).  The study's own
     trial decides when it measured the default; otherwise the default is gated here."""
     if search.space.is_feasible(default):
@@ -143,7 +145,6 @@ def _default_problem(search: BucketSearch, trials: list[FrozenTrial], workload: 
 def _store_final(search: BucketSearch, final: dict[str, Any]) -> None:
     search.study.set_user_attr("final", final)
     search.report(done=True)
-
 
 
 class _NoTiming:
@@ -188,5 +189,3 @@ def _utc_now() -> str:
     from layoutgen.tuning_db import utc_now
 
     return utc_now()
-
-

@@ -111,7 +111,7 @@ def make_targets(options: TuneOptions) -> list[Any]:
     from layoutgen.tuning.objective import Target
 
     given = dict(options.grid)
-    targets = []
+    targets: list[Any] = []
     seen: dict[str, str] = {}
     kernels_used: set[str] = set()
     axes_used: set[str] = set()

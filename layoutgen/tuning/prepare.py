@@ -98,4 +98,3 @@ def prepare_study(
             study.enqueue_trial(params, user_attrs={"seed": source})
             waiting.add(key)
     return name, meta
-

@@ -3,15 +3,11 @@ then write the decisions into the tuning database and print the tables."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -298,7 +298,6 @@ class BucketSearch:
             and not self.is_final()
         )
 
-
     def finalize(self) -> dict[str, Any]:
         """Re-time the finalists and the default together; decide what the database gets."""
         return decide(self)
@@ -373,5 +372,3 @@ def search_family(ctx: Context, target: Target, buckets: list[int], deadline: fl
                 "interrupted" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
             )
         raise
-
-

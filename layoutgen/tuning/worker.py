@@ -10,7 +10,7 @@ from typing import Any
 
 import optuna
 
-from layoutgen.tuning.context import QuietReporter, Reporter, make_context, phase_summary
+from layoutgen.tuning.context import Context, QuietReporter, Reporter, make_context, phase_summary
 from layoutgen.tuning.objective import Target
 from layoutgen.tuning.plan import TuneOptions, study_name
 from layoutgen.tuning.search import SLOW_FIRST_LAUNCH_S, search_family
@@ -33,8 +33,6 @@ def record_family(ctx: Context, target: Target, buckets: list[int]) -> None:
     _, entries = collect(ctx.storage, names, [target], ctx.device_name, lambda _: buckets)
     if entries:
         record(Path(ctx.options.db_dir), ctx.device_name, ctx.compute_capability, entries)
-
-
 
 
 def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, storage: Any = None) -> int:
