@@ -46,17 +46,12 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import layoutgen
-from layoutgen import reference
-from layoutgen.config import CombineConfig, PackConfig, default_combine_config, default_pack_config
-from layoutgen.tolerances import combine_error
-from layoutgen.tuning.timing import (
-    MAX_ROTATING_SETS,
-    CudaGraphTimer,
-    copy_bandwidth_tbps,
-    device_l2_bytes,
-    rotating_sets,
-)
-from layoutgen.tuning_db import TuningKey, batch_bucket, device_file_name, read_database
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import CombineConfig, PackConfig, default_combine_config, default_pack_config
+from layoutgen.dcp.tolerances import combine_error
+from layoutgen.tuning.procedure import MAX_ROTATING_SETS
+from layoutgen.tuning.timing import CudaGraphTimer, copy_bandwidth_tbps, device_l2_bytes, rotating_sets
+from layoutgen.tuning_db import device_file_name, pick_bucket, read_database
 
 SPECS = ("pynccl_a2a", "pynccl_a2a_aligned", "vllm_a2a", "flashinfer_mnnvl")
 
@@ -153,24 +148,12 @@ def tuned_configs(db_dir: Path | None) -> tuple[dict[str, Any], str]:
 def pick_tuned(
     entries: dict[str, Any], spec: str, kernel: str, N: int, H: int, D: int, B: int
 ) -> dict[str, int] | None:
-    buckets = sorted(
-        e.key.batch_bucket
-        for e in entries.values()
-        if (e.key.spec, e.key.kernel, e.key.N, e.key.heads_per_peer, e.key.D, e.key.dtype)
-        == (spec, kernel, N, H // N, D, "bfloat16")
-    )
-    if not buckets:
+    """The database's config for this point, the batch mapped to a tuned bucket as dispatch maps it."""
+    group = ("dcp", spec, kernel, (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
+    by_bucket = {e.key.bucket: e.config for e in entries.values() if e.key.group() == group}
+    if not by_bucket:
         return None
-    key = TuningKey(
-        spec=spec,
-        kernel=kernel,
-        N=N,
-        heads_per_peer=H // N,
-        D=D,
-        dtype="bfloat16",
-        batch_bucket=batch_bucket(B, buckets),
-    )
-    return entries[key.as_str()].config
+    return by_bucket[pick_bucket(B, by_bucket)]
 
 
 def same_bytes(left: Any, right: Any, B: int) -> bool:

@@ -91,8 +91,8 @@ def _measure_point(
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     """Check both steps against the float64 merge of every rank's shard, then time them."""
-    from layoutgen import reference
-    from layoutgen.tolerances import combine_error
+    from layoutgen.dcp import reference
+    from layoutgen.dcp.tolerances import combine_error
 
     H, D, dtype, device = args.H, args.D, torch.bfloat16, exchange.device
     out = torch.randn(B, H, D, generator=generator).to(dtype).to(device)

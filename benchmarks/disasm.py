@@ -1,11 +1,12 @@
 """The SASS of one generated kernel config, compiled for a GPU this machine does not have.
 
-Runs the module's own launcher with `meta` tensors (as the tuner's compile pool does), so Triton binds and
-specialises the arguments exactly as a real launch would (16-byte aligned pointers, B == 1 or B % 16 == 0),
-then compiles for the chosen architecture with the `ptxas` that ships with Triton and disassembles with its
-`cuobjdump`.  Prints registers per thread and the global load/store instructions by width: what issue 5
-asks of a missed target ("what the disassembly shows") without a device.  Relies on Triton 3.6 internals
-(`triton.runtime.driver.set_active`, `JITFunction.run(..., warmup=True)`).
+Runs the module's own launcher with `meta` tensors (the family's `compile_variant`, as the tuner's compile
+pool does), so Triton binds and specialises the arguments exactly as a real launch would (16-byte aligned
+pointers, a capacity of B rounded up to 16 rows), then compiles for the chosen architecture with the
+`ptxas` that ships with Triton and disassembles with its `cuobjdump`.  Prints registers per thread and the
+global load/store instructions by width: what issue 5 asks of a missed target ("what the disassembly
+shows") without a device.  Relies on Triton 3.6 internals (`triton.runtime.driver.set_active`,
+`JITFunction.run(..., warmup=True)`).
 
 Usage:
     python benchmarks/disasm.py --spec vllm_a2a --kernel combine --N 4 --H 128 --D 512 --B 8 \\
@@ -68,24 +69,17 @@ def compile_config(spec: str, kernel: str, N: int, H: int, D: int, B: int, confi
     import torch
     import triton.runtime.driver
 
-    from layoutgen.config import CONFIG_TYPES
-    from layoutgen.layout import LayoutBuffers
+    from layoutgen.dcp import FAMILY
     from layoutgen.loader import load
+    from layoutgen.tuning.objective import capacity_for
 
     triton.runtime.driver.set_active(_OfflineDriver(arch))  # type: ignore[attr-defined]
     module = load(spec)
-    dtype = torch.bfloat16
-    capacity = -(-B // 16) * 16  # what the tuner allocates: B rounded up to 16 rows
-    bufs = LayoutBuffers.allocate(module.SPEC, N, capacity, H, D, dtype, "meta")
     compiler = _Compile(getattr(module, f"_{kernel}_kernel"))
-    kernel_config = CONFIG_TYPES[kernel].from_dict(config)
-    if kernel == "pack":
-        out = torch.empty(B, H, D, dtype=dtype, device="meta")
-        lse = torch.empty(B, H, dtype=torch.float32, device="meta")
-        module._launch_pack(out, lse, bufs, B, kernel_config, False, kernel=compiler)
-    else:
-        out = torch.empty(B, H // N, D, dtype=dtype, device="meta")
-        module._launch_combine(bufs, B, out, None, False, kernel_config, False, kernel=compiler)
+    capacity = capacity_for(B, torch.device("cuda"))  # what the tuner allocates: B rounded up to 16 rows
+    job = {"kernel": kernel, "config": config, "N": N, "H": H, "D": D, "dtype": "bfloat16", "batch": B,
+           "capacity": capacity}  # fmt: skip
+    FAMILY.compile_variant(module, job, compiler)
     compiled = compiler.compiled
     return compiled.result() if hasattr(compiled, "result") else compiled
 

@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT))  # a checkout that is not pip-installed
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import layoutgen  # noqa: E402
-from layoutgen import reference  # noqa: E402
-from layoutgen.layout import LayoutBuffers  # noqa: E402
+from layoutgen.dcp import FAMILY, reference  # noqa: E402
+from layoutgen.dcp.layout import LayoutBuffers  # noqa: E402
 from layoutgen.runtime import configs, launch  # noqa: E402
 from layoutgen.tuning_db import device_file_name, software_versions  # noqa: E402
 
@@ -161,13 +161,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     pack_plan = module._dispatch.pack_plan(out, lse, bufs)
     combine_plan = module._dispatch.combine_plan(bufs, B, "e", merged, False, None)
-    tuned = {
-        kernel: configs.tuned_config(
-            module.SPEC, kernel, bufs.device, N, H // N, D, dtype, B, module.SPEC_HASH, module.SOURCE_HASHES[kernel]
-        )
-        is not None
-        for kernel in ("pack", "combine")
-    }
+    tuned = {}
+    for kernel in ("pack", "combine"):
+        decl = FAMILY.kernel(kernel)
+        expected = configs.expected_for(decl, module.SPEC_HASH, module.SOURCE_HASHES[kernel])
+        extents = {"N": N, "Hl": H // N, "D": D}
+        found = configs.tuned_config(FAMILY.name, module.SPEC.name, decl, bufs.device, extents, "bfloat16", B, expected)
+        tuned[kernel] = found is not None
     direct = {"pack": pack_plan.direct is not None, "combine": combine_plan.direct is not None}
     if not all(direct.values()):
         notes.append(f"direct launch not in use: {direct} (launches went through kernel[grid])")

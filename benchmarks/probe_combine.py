@@ -11,9 +11,12 @@ cache conditions, next to sglang.  `--point N:B:H:D` (repeatable) picks the poin
 
 Usage (GPU):
     python benchmarks/probe_combine.py --module old=/path/old_vllm_a2a.py --module new=generated/vllm_a2a.py \
-        --out benchmarks/results/probe_combine_H200.json
+        --out /tmp/probe_combine_vllm_a2a.json
     python benchmarks/probe_combine.py --module cur=generated/pynccl_a2a.py --space --point 4:8:128:512 \
         --out /tmp/space.json
+
+Earlier runs: benchmarks/results/archive/probe_combine_*_H200.json, probe_space_*_H200.json and
+probe_two_pass_n2_H200.json.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import layoutgen
-from layoutgen import reference
-from layoutgen.config import CombineConfig, default_combine_config
-from layoutgen.tolerances import combine_error
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import CombineConfig, default_combine_config
+from layoutgen.dcp.tolerances import combine_error
 from layoutgen.tuning.timing import CudaGraphTimer, device_l2_bytes, rotating_sets
 
 #: (block_head, block_dim, num_warps): one-warp small tiles up to whole-row tiles.
@@ -42,15 +45,16 @@ POINTS = [(N, B, 128, 512) for N in (2, 8) for B in (1, 8, 64, 256)] + [(4, 8, 1
 
 def space_configs(module: Any, N: int, B: int, H: int, D: int, pool: Any) -> dict[str, CombineConfig]:
     """Every feasible config of the tuner's combine space at this point, compiled ahead on `pool`."""
-    from layoutgen.tuning.compile import CompileJob
-    from layoutgen.tuning.space import Problem, bind
+    from layoutgen.dcp import FAMILY
+    from layoutgen.tuning.objective import Target
+    from layoutgen.tuning.problem import Problem
+    from layoutgen.tuning.space import bind
 
-    feasible = bind(Problem(module.SPEC, "combine", N, H // N, D, "bfloat16"), B).feasible()
-    jobs = [
-        CompileJob(module.__file__, "combine", N, H, D, "bfloat16", B, B, tuple(sorted(c.as_dict().items())))
-        for c in feasible
-    ]
-    for future in [pool.submit(job) for job in jobs]:
+    problem = Problem(module.SPEC, "combine", (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
+    feasible = bind(problem, B).feasible()
+    workload = FAMILY.workload(Target(problem, module), B, torch.device("cuda"), device_l2_bytes(0))
+    workload.capacity = B  # the variants launched here: buffers of B rows (the tuner rounds up to 16)
+    for future in [pool.submit(workload.compile_job(config)) for config in feasible]:
         if future is not None:
             future.result()
     return {"x".join(str(v) for v in config.as_dict().values()): config for config in feasible}

@@ -16,7 +16,8 @@ Each launch is our tuned config (from the tuning database), the default, and sgl
 point.  Rounds repeat the four preparations in turn.  First of all, `freshness` times one config several
 times in a row in the fresh process, then on fresh buffers and after an idle pause.
 
-Usage (GPU): python benchmarks/probe_timing_state.py --out benchmarks/results/probe_timing_state_H200.json
+Usage (GPU): python benchmarks/probe_timing_state.py --out /tmp/probe_timing_state.json
+(the run the notes cite: benchmarks/results/archive/probe_timing_state_H200.json)
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import layoutgen
-from layoutgen import reference
-from layoutgen.config import CombineConfig, PackConfig, default_combine_config, default_pack_config
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import CombineConfig, PackConfig, default_combine_config, default_pack_config
 from layoutgen.tuning.timing import CudaGraphTimer, device_l2_bytes, rotating_sets
 
 #: (spec, kernel, N, B) at H 128, D 512: the two points of the observations and a DRAM-bound one.
@@ -56,7 +57,7 @@ def launches_for(
     each checked first."""
     from bench_dcp import pick_tuned, same_bytes
 
-    from layoutgen.tolerances import combine_error
+    from layoutgen.dcp.tolerances import combine_error
 
     H, D, Hl = 128, 512, 128 // N
     sets = rotating_sets(B * H * D * 2 * 2, device_l2_bytes(0))

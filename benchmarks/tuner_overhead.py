@@ -31,7 +31,9 @@ def synthetic_us(config: Any) -> float:
 
 
 def install_synthetic_objective() -> None:
-    from layoutgen.tuning import objective, study
+    from layoutgen.dcp import FAMILY
+    from layoutgen.dcp.workload import DcpWorkload
+    from layoutgen.tuning import decision, objective, search, worker
     from layoutgen.tuning.timing import Timing
 
     def evaluate(workload: Any, config: Any, compiled: Any, timer: Any, seed: int, give_up_us: Any = None) -> Any:
@@ -44,23 +46,23 @@ def install_synthetic_objective() -> None:
         def time_interleaved(self, launches: list[Any], sets: int, estimate: float) -> list[Timing]:
             return [Timing(5.0, 4.95, 5.05, 100, 10) for _ in launches]
 
-    def workload_init(self: Any, target: Any, batch: int, device: Any, l2_bytes: int) -> None:
-        self.target, self.problem, self.batch, self.device = target, target.problem, batch, device
-        self.capacity = objective.capacity_for(batch, device)
-        self.bytes_moved = objective.bytes_moved(self.problem, batch)
-        self.sets, self.estimated_us = 1, 5.0
+    class SyntheticWorkload(DcpWorkload):
+        """The family's compile jobs (the search asks for them); no buffers, nothing launched."""
 
-    original_context = study.make_context
+        def timing_launch(self, config: Any) -> Any:
+            return lambda index: None
+
+    original_context = worker.make_context
 
     def make_context(options: Any, storage: Any, reporter: Any) -> Any:
         context = original_context(options, storage, reporter)
         context.timer = SyntheticTimer()
         return context
 
-    study.evaluate = evaluate
-    study.make_context = make_context
-    objective.Workload.__init__ = workload_init  # type: ignore[method-assign]
-    objective.Workload.timing_launch = lambda self, config: lambda index: None  # type: ignore[method-assign]
+    search.evaluate = evaluate
+    decision.evaluate = evaluate
+    worker.make_context = make_context
+    FAMILY.workload = SyntheticWorkload  # type: ignore[method-assign]
 
 
 def main() -> int:
@@ -71,11 +73,13 @@ def main() -> int:
     os.environ["TRITON_INTERPRET"] = "1"  # no GPU: the family's module is imported, never launched
     from rich.console import Console
 
+    from layoutgen.dcp import FAMILY
     from layoutgen.tuning import plan, runner
 
     install_synthetic_objective()
     options = plan.TuneOptions(
-        specs=("pynccl_a2a",), kernels=(args.kernel,), shapes=((4, 128, 512),), buckets=plan.DEFAULT_BUCKETS,
+        specs=("pynccl_a2a",), kernels=(args.kernel,), grid=(("N", (4,)), ("H", (128,)), ("D", (512,))),
+        buckets=FAMILY.bucket.defaults,
         trials=plan.DEFAULT_TPE_TRIALS, exhaustive_limit=plan.DEFAULT_EXHAUSTIVE_LIMIT, storage=args.storage,
         db_dir=None, interpret=True, workers=1, lookahead=3,
     )  # fmt: skip

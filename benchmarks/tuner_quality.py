@@ -60,13 +60,13 @@ LOOKAHEAD = 3
 
 def measure_exhaustively(ctx: Any, target: Any, batch: int) -> dict[str, Any]:
     """Time every feasible config once; returns the table keyed by Optuna params."""
-    from layoutgen.tuning.objective import Workload, evaluate
+    from layoutgen.tuning.claims import params_key
+    from layoutgen.tuning.objective import evaluate
     from layoutgen.tuning.space import bind
-    from layoutgen.tuning.study import params_key
 
     bound = bind(target.problem, batch)
     configs = bound.feasible()
-    workload = Workload(target, batch, ctx.device, ctx.l2_bytes)
+    workload = target.problem.family.workload(target, batch, ctx.device, ctx.l2_bytes)
     compiled = {config: ctx.pool.submit(workload.compile_job(config)) for config in configs}
     started = time.perf_counter()
     table: dict[tuple[tuple[str, int], ...], float | None] = {}
@@ -111,8 +111,9 @@ def replay_search(
     import optuna
     from optuna.trial import TrialState
 
+    from layoutgen.tuning.claims import params_key
     from layoutgen.tuning.plan import TuneOptions
-    from layoutgen.tuning.study import make_sampler, params_key
+    from layoutgen.tuning.prepare import make_sampler
 
     sampler = (
         optuna.samplers.RandomSampler(seed=seed) if random else make_sampler(name, TuneOptions(seed=seed), len(table))
@@ -178,8 +179,8 @@ def measure_tables(args: argparse.Namespace) -> dict[str, Any]:
     """Phase 1 (GPU): the truth table of every bucket, saved after each one."""
     import optuna
 
+    from layoutgen.tuning.context import QuietReporter, make_context
     from layoutgen.tuning.plan import TuneOptions, make_targets
-    from layoutgen.tuning.study import QuietReporter, make_context
     from layoutgen.tuning_db import software_versions
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -231,16 +232,17 @@ def measure_tables(args: argparse.Namespace) -> dict[str, Any]:
 def case_options(spec: str, kernel: str, N: int, H: int, D: int, interpret: bool) -> Any:
     from layoutgen.tuning.plan import TuneOptions
 
-    return TuneOptions(specs=(spec,), kernels=(kernel,), shapes=((N, H, D),), interpret=interpret)
+    grid = (("N", (N,)), ("H", (H,)), ("D", (D,)))
+    return TuneOptions(specs=(spec,), kernels=(kernel,), grid=grid, interpret=interpret)
 
 
 def replay_tables(tables: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Phase 2 (CPU): replay the tuner's search against each truth table; report after every bucket."""
     import optuna
 
+    from layoutgen.tuning.claims import params_key
     from layoutgen.tuning.plan import make_targets
     from layoutgen.tuning.space import bind
-    from layoutgen.tuning.study import params_key
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results: list[dict[str, Any]] = []

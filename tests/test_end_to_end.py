@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import fill_bytes, random_inputs, requires_interpreter, strided_inputs
 
-from layoutgen import reference
-from layoutgen.tolerances import combine_error, lse_error
+from layoutgen.dcp import reference
+from layoutgen.dcp.tolerances import combine_error, lse_error
 
 pytestmark = [requires_interpreter, pytest.mark.usefixtures("no_log_warnings")]
 

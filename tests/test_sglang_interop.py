@@ -26,8 +26,8 @@ from conftest import (
     strided_inputs,
 )
 
-from layoutgen import reference
-from layoutgen.tolerances import combine_error, lse_error
+from layoutgen.dcp import reference
+from layoutgen.dcp.tolerances import combine_error, lse_error
 
 pytestmark = [requires_interpreter, pytest.mark.usefixtures("no_log_warnings")]
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import dcp_problem
+
 import layoutgen
 from layoutgen.tuning import space
 
@@ -16,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def synthetic_tables(tmp_path: Path) -> Path:
     """A truth table over a real search space with one clear optimum, as the GPU phase would save it."""
     module = layoutgen.load("vllm_a2a")
-    problem = space.Problem(module.SPEC, "combine", 4, 32, 512, "bfloat16")
+    problem = dcp_problem(module.SPEC, "combine", 4, 32, 512, "bfloat16")
     bound = space.bind(problem, 64)
     configs = bound.feasible()
     rows = []

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import assert_same_bytes, fill_bytes, generated_module
 
-from layoutgen import reference
-from layoutgen.config import CombineConfig, PackConfig
-from layoutgen.layout import LayoutBuffers
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import CombineConfig, PackConfig
+from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.runtime import reset_caches
 
 pytestmark = [
