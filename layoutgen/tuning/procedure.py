@@ -31,7 +31,7 @@ ROTATE_L2_MULTIPLE = 2
 #: it, so a small problem's inputs are still in the L2.  Up to B = 64 at H = 128, eight DCP sets fit in the
 #: H200's L2.  With 64 sets (DRAM-cold) the tuner ranked configs for a cache state no caller sees:
 #: pynccl_a2a combine N 4 B 8, its winner took 2.30 µs timed over 64 sets and 1.59 over 8, where the best
-#: config over 8 sets took 1.31 (probe_space_pynccl_a2a_H200.json).  One rule for the tuner and the
+#: config over 8 sets took 1.31 (benchmarks/results/archive/probe_space_pynccl_a2a_H200.json).  One rule for the tuner and the
 #: benchmarks, so a benchmark measures the conditions the tuner ranked under.
 MAX_ROTATING_SETS = 8
 #: Buffers are sized for the bucket rounded up to this many rows on a GPU (as serving allocates, and one
