@@ -159,7 +159,7 @@ def expected_layout_bytes(
     spec: DcpSpec, out: torch.Tensor, lse: torch.Tensor, N: int, B_max: int, fill: int = CANARY
 ) -> dict[str, torch.Tensor]:
     """The buffers' bytes after packing `out [B, H, D]`, `lse [B, H]` into `fill`-filled buffers, built
-    from the DESIGN §3 text alone (no LayoutBuffers views): logical [peer, batch, head, ...] blocks,
+    from the docs/design.md §3 text alone (no LayoutBuffers views): logical [peer, batch, head, ...] blocks,
     batch padded to B_max, permuted to the spec's axis order, made contiguous."""
     B, H, D = out.shape
     heads_per_peer = H // N

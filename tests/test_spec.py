@@ -1,4 +1,4 @@
-"""Spec validation: one case per rule of DESIGN §3, each naming the field (and the file)."""
+"""Spec validation: one case per rule of docs/design.md §3, each naming the field (and the file)."""
 
 from __future__ import annotations
 

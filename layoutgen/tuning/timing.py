@@ -198,7 +198,7 @@ class WallClockTimer:
 
 
 def copy_bandwidth_tbps(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20) -> float:
-    """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written (DESIGN §7's
+    """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written (docs/design.md §10's
     ceiling): the best of torch's `copy_` and a Triton copy kernel over a few block sizes, each one
     large copy per replay of a CUDA graph."""
     best_us = _best_copy_us(
