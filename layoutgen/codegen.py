@@ -167,8 +167,31 @@ def current_text(path: Path) -> str | None:
 
 def write_if_changed(path: Path, content: str) -> bool:
     """Atomically replace `path` with `content` unless it already holds it; True when written.  A symlink,
-    FIFO or device at `path` is replaced by the file (its target is left alone)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    FIFO or device at `path` is replaced by the file (its target is left alone).  Directories it creates
+    for `path` are removed again when the write fails (a full disk leaves nothing behind)."""
+    created = _missing_directories(path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return _replace_if_changed(path, content)
+    except BaseException:
+        for directory in reversed(created):
+            try:
+                directory.rmdir()  # only while empty: another writer's file there keeps it
+            except OSError:
+                break
+        raise
+
+
+def _missing_directories(directory: Path) -> list[Path]:
+    """`directory` and its ancestors that do not exist yet, outermost first."""
+    missing = []
+    while not os.path.lexists(directory) and directory.parent != directory:
+        missing.append(directory)
+        directory = directory.parent
+    return missing[::-1]
+
+
+def _replace_if_changed(path: Path, content: str) -> bool:
     with FileLock(_lock_file(path)):
         if current_text(path) == content:
             return False

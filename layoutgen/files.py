@@ -1,9 +1,10 @@
 """The one way layoutgen reads a file: regular files only, never more than a stated number of bytes.
 
-Specs, existing generated modules, tuning databases and study journals are all read through
-`read_bounded`.  A FIFO, a device (a symlink to /dev/zero), a directory or a socket is refused without
-being read (the file is opened non-blocking, so a FIFO with no writer cannot hang the open), and a
-file larger than the limit is refused after reading at most limit + 1 bytes.
+Specs, existing generated modules and tuning databases are read through `read_bounded`.  A FIFO, a
+device (a symlink to /dev/zero), a directory or a socket is refused without being read (the file is
+opened non-blocking, so a FIFO with no writer cannot hang the open), and a file larger than the limit is
+refused after reading at most limit + 1 bytes.  A file that a library opens itself (Optuna reads the
+study journal) is checked first with `check_regular_file`, by the same rules, without being opened.
 """
 
 from __future__ import annotations
@@ -54,6 +55,25 @@ def regular_file_problem(path: Path) -> str | None:
         return f"cannot be read: {error.strerror or error}"
 
 
+def check_regular_file(path: str | Path, limit: int) -> int | None:
+    """The size of the regular file `path` (symlinks followed), or None when there is nothing there; for
+    files another library opens and reads.  Anything else, and a file larger than `limit` bytes, raises
+    `FileRefused` (nothing is opened, so a FIFO cannot block)."""
+    path = Path(path)
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise FileRefused(path, f"cannot be read: {error.strerror or error}", error.errno or errno.EIO) from None
+    problem = _kind(status.st_mode)
+    if problem is not None:
+        raise FileRefused(path, problem)
+    if status.st_size > limit:
+        raise FileRefused(path, f"is larger than {limit} bytes ({status.st_size} bytes)", errno.EFBIG)
+    return status.st_size
+
+
 def read_bounded(path: str | Path, limit: int) -> bytes:
     """The bytes of the regular file `path` (symlinks followed), refusing anything else and anything
     larger than `limit` bytes with `FileRefused`."""
@@ -66,6 +86,10 @@ def read_bounded(path: str | Path, limit: int) -> bytes:
     except IsADirectoryError:
         raise FileRefused(path, "is a directory", errno.EISDIR) from None
     except OSError as error:
+        # A socket cannot be opened at all (ENXIO): name what it is rather than the errno's words.
+        kind = regular_file_problem(path)
+        if kind is not None and kind.startswith("is "):
+            raise FileRefused(path, kind, error.errno or errno.EIO) from None
         raise FileRefused(path, f"cannot be read: {error.strerror or error}", error.errno or errno.EIO) from None
     try:
         problem = _kind(os.fstat(descriptor).st_mode)

@@ -166,9 +166,9 @@ _INT_TAG = "tag:yaml.org,2002:int"
 
 class _StrictLoader(yaml.SafeLoader):
     """Safe loader that also refuses aliases (no billion-laughs expansion), explicit tags (`!!binary`,
-    `!!int`, local tags), integers written other than in plain decimal (YAML 1.1 reads `020` as octal 16
-    and `1:30` as 90), nesting deeper than MAX_YAML_DEPTH (PyYAML would recurse until RecursionError)
-    and duplicate keys."""
+    `!!int`, local tags, the non-specific `!`), integers written other than in plain decimal (YAML 1.1
+    reads `020` as octal 16 and `1:30` as 90), nesting deeper than MAX_YAML_DEPTH (PyYAML would recurse
+    until RecursionError) and duplicate keys."""
 
     _depth = 0
 
@@ -179,7 +179,7 @@ class _StrictLoader(yaml.SafeLoader):
                 None, None, "YAML aliases are not allowed in layout specs; write the value out", event.start_mark
             )
         event = self.peek_event()
-        if getattr(event, "tag", None) not in (None, "!"):
+        if getattr(event, "tag", None) is not None:  # untagged nodes have None; `! x` is a tag too
             raise yaml.constructor.ConstructorError(
                 None, None, f"YAML tags ({event.tag}) are not allowed in layout specs; write the plain value",
                 event.start_mark,

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,31 @@ def device_l2(options: TuneOptions) -> int:
     return device_l2_bytes(torch.cuda.current_device())
 
 
+def check_report_path(report: Path) -> None:
+    """Refuse a `--report` path that cannot be written before the search, not after it (ValueError): the
+    report's directory is created (it stays, for the report) and a temporary file is created beside it."""
+    if report.is_dir():
+        raise ValueError(f"--report {report} is a directory; pass the path of a markdown file to write")
+    created = [parent for parent in [report.parent, *report.parent.parents] if not os.path.lexists(parent)]
+    try:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(report):
+            # Opened for appending and closed: nothing is truncated before the run has a report to write.
+            os.close(os.open(report, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NONBLOCK", 0)))
+        else:
+            with tempfile.NamedTemporaryFile(dir=report.parent, prefix=f".{report.name}.", suffix=".tmp"):
+                pass
+    except OSError as error:
+        for directory in created:  # innermost first; only those this check created, and only while empty
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        raise ValueError(
+            f"--report {report} cannot be written ({error.strerror or error}); pass a writable path"
+        ) from None
+
+
 def run(options: TuneOptions, console: Console) -> RunSummary:
     """Tune everything `options` covers; writes the database (after every family, and at the end also what
     an interrupted family decided) and returns what the tables show."""
@@ -79,6 +105,8 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     from layoutgen.tuning.prepare import prepare_study
     from layoutgen.tuning.worker import run_worker
 
+    if options.report:
+        check_report_path(Path(options.report))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if options.interpret:
         # Kernels are defined when their module is imported; the interpreter must be on before that.
