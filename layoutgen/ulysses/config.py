@@ -1,0 +1,131 @@
+"""The Ulysses kernels' launch configs and their heuristic default.
+
+All four kernels copy boxes ("tiles") of the logical axes peer x batch x seq x head x dim, in the
+destination's axis order; a config gives the box's extent along each axis.  The default tiles along the
+destination's innermost axis first, so that each thread stores 16 contiguous bytes and a warp whole
+32-byte sectors, then widens the box outward until it holds about 8 KiB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from layoutgen.config import LaunchConfig, next_pow2
+from layoutgen.ulysses.layout import KERNEL_DIRECTION, Shape, tile_axes
+from layoutgen.ulysses.spec import UlyssesSpec
+
+#: Bytes one program moves by default: 4 warps, each thread four 16-byte vectors.
+DEFAULT_TILE_BYTES = 8192
+#: CUDA's grid limits: x, then y (the kernels put the axes outside seq along y).
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+
+
+@dataclass(frozen=True)
+class TileConfig(LaunchConfig):
+    """A box of peer x batch x seq x head x dim (batch is 1 in specs without a batch axis)."""
+
+    block_peer: int = 1
+    block_batch: int = 1
+    block_seq: int = 1
+    block_head: int = 1
+    block_dim: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+@dataclass(frozen=True)
+class ScatterConfig(TileConfig):
+    kernel: ClassVar[str] = "scatter"
+
+
+@dataclass(frozen=True)
+class GatherConfig(TileConfig):
+    kernel: ClassVar[str] = "gather"
+
+
+@dataclass(frozen=True)
+class ScatterOutConfig(TileConfig):
+    kernel: ClassVar[str] = "scatter_out"
+
+
+@dataclass(frozen=True)
+class GatherOutConfig(TileConfig):
+    kernel: ClassVar[str] = "gather_out"
+
+
+CONFIG_TYPES: dict[str, type[TileConfig]] = {
+    "scatter": ScatterConfig,
+    "gather": GatherConfig,
+    "scatter_out": ScatterOutConfig,
+    "gather_out": GatherOutConfig,
+}
+
+
+def _warps_for(tile_bytes: int) -> int:
+    # One 16-byte vector per thread per pass, four passes: a warp moves 2 KiB; more warps only for bigger tiles.
+    return max(1, min(16, tile_bytes // 2048))
+
+
+def default_config(kernel: str, tile_axes: Sequence[str], extents: Mapping[str, int], elem_size: int) -> TileConfig:
+    """A box grown from the destination's innermost axis outward until it holds DEFAULT_TILE_BYTES.
+
+    `tile_axes` is the destination's order (outer to inner), `extents` each axis's extent (seq: S_local).
+    """
+    budget = max(1, DEFAULT_TILE_BYTES // elem_size)
+    blocks = {axis: 1 for axis in ("peer", "batch", "seq", "head", "dim")}
+    for axis in reversed(tile_axes):
+        block = min(next_pow2(extents[axis]), budget)
+        blocks[axis] = block
+        budget = max(1, budget // block)
+    tile_bytes = elem_size * blocks["peer"] * blocks["batch"] * blocks["seq"] * blocks["head"] * blocks["dim"]
+    return CONFIG_TYPES[kernel](
+        **{f"block_{axis}": block for axis, block in blocks.items()}, num_warps=_warps_for(tile_bytes)
+    )
+
+
+def program_counts(config: TileConfig, tile_axes: Sequence[str], extents: Mapping[str, int]) -> tuple[int, int]:
+    """(programs along x, along y) of one tensor: x = seq blocks x the blocks of the axes inside seq, y =
+    the blocks of the axes outside seq (the generated launchers' grid, per tensor)."""
+    seq = list(tile_axes).index("seq")
+    x = y = 1
+    for position, axis in enumerate(tile_axes):
+        blocks = -(-extents[axis] // getattr(config, f"block_{axis}"))
+        if position < seq:
+            y *= blocks
+        else:
+            x *= blocks
+    return x, y
+
+
+def fit_grid(config: TileConfig, tile_axes: Sequence[str], extents: Mapping[str, int], tensors: int) -> TileConfig:
+    """A config whose grid fits CUDA's limits for `tensors` tensors of these extents: the blocks of the axes
+    outside seq (grid y), then seq's (grid x), double until it does.  Only shapes far beyond any model's
+    reach get here; dispatch must not fail on them."""
+    seq = list(tile_axes).index("seq")
+    outer = list(tile_axes[:seq])
+    while True:
+        x, y = program_counts(config, tile_axes, extents)
+        if y * tensors > MAX_GRID_Y and outer:
+            growable = [a for a in outer if getattr(config, f"block_{a}") < next_pow2(extents[a])]
+            if not growable:
+                return config
+            axis = growable[-1]
+            config = dataclasses.replace(config, **{f"block_{axis}": 2 * getattr(config, f"block_{axis}")})
+        elif x * tensors > MAX_GRID_X and config.block_seq < next_pow2(extents["seq"]):
+            config = dataclasses.replace(config, block_seq=2 * config.block_seq)
+        else:
+            return config
+
+
+def runtime_default(spec: UlyssesSpec, kernel: str, shape: Shape) -> TileConfig:
+    """The heuristic config of a kernel at a live shape, fitted to the grid (what `config=None` falls back to,
+    and the tuner's first candidate)."""
+    tensors = spec.direction(KERNEL_DIRECTION[kernel]).tensors
+    heads = max(shape.heads_per_peer(t.heads) for t in tensors)
+    extents = {"peer": shape.N, "batch": shape.B, "seq": shape.S_local, "head": heads, "dim": shape.D}
+    axes = tile_axes(spec, kernel)
+    return fit_grid(default_config(kernel, axes, extents, shape.dtype.itemsize), axes, extents, len(tensors))

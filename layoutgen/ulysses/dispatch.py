@@ -1,0 +1,265 @@
+"""The hot path of a Ulysses generated module's `scatter` / `gather` / `scatter_out` / `gather_out`.
+
+A `Dispatcher` per generated module turns a call into a cached plan (`layoutgen.runtime.plans`): the
+first call for a (kernel, shapes, strides, dtypes, devices, config) key validates every argument, resolves
+`config=None` (`layoutgen.runtime.configs`: forced / tuned / default) and records the kernel launch
+(`layoutgen.runtime.launch`); later calls with that key do one dict lookup on the buffers object and
+launch.  Under `torch.compile` the calls become the `layoutgen::ulysses_*` custom ops (`layoutgen.ulysses.ops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+
+from layoutgen.family import get_family
+from layoutgen.runtime import configs
+from layoutgen.runtime.launch import is_jit_function, record_launches
+from layoutgen.runtime.plans import PLANS as _PLANS
+from layoutgen.runtime.plans import plans_of, remember, remembered
+from layoutgen.runtime.tensors import check_config, check_runnable, needs_int64
+from layoutgen.ulysses import checks
+from layoutgen.ulysses.config import CONFIG_TYPES, TileConfig, runtime_default
+from layoutgen.ulysses.layout import (
+    DTYPE_NAMES,
+    KERNEL_DIRECTION,
+    KERNEL_SIDES,
+    Shape,
+    UlyssesBuffers,
+    check_shape,
+    key_extents,
+    tensor_shape,
+    wire_buffers,
+)
+from layoutgen.ulysses.spec import UlyssesSpec
+
+_is_compiling = torch.compiler.is_compiling
+_dispatchers: dict[str, Dispatcher] = {}
+
+LaunchFunction = Callable[..., None]
+
+
+@dataclass
+class Plan:
+    """One validated call: its config, 64-bit indexing, and (gather) the shapes of the tensors it returns."""
+
+    config: TileConfig
+    index_64: bool
+    out_shapes: tuple[tuple[int, ...], ...] = ()
+    # Replays the recorded launch with a call's tensors; None until recorded or when it can't be.
+    direct: Callable[[tuple[Any, ...]], None] | None = None
+    recorded: bool = False
+
+
+def remember_buffers(bufs: UlyssesBuffers) -> UlyssesBuffers:
+    remember(bufs, next(iter(bufs.tensors.values())))
+    return bufs
+
+
+def buffers_from_tensors(
+    spec: UlyssesSpec, direction: str, tensors: list[torch.Tensor], shape: Shape
+) -> UlyssesBuffers:
+    """The buffers object holding exactly `tensors` (alloc()'s, while it is alive), else a new one over them."""
+    if tensors:
+        bufs = remembered(tensors[0])
+        if (
+            isinstance(bufs, UlyssesBuffers)
+            and bufs.layout_hash == spec.layout_hash()
+            and bufs.direction == direction
+            and bufs.shape == shape
+            and len(bufs.tensors) == len(tensors)
+            and all(mine is given for mine, given in zip(bufs.tensors.values(), tensors, strict=True))
+        ):
+            return bufs
+    check_shape(spec, shape)
+    names = [buffer.name for buffer in wire_buffers(spec, direction, shape)]
+    if len(tensors) != len(names):
+        raise ValueError(f"buffers must be the {len(names)} tensors {names} of spec '{spec.name}'; got {len(tensors)}")
+    return UlyssesBuffers(spec, direction, shape, dict(zip(names, tensors, strict=True)))
+
+
+def dispatcher(name: str) -> Dispatcher:
+    """The dispatcher of the generated module registered under `name` (the custom ops use this)."""
+    try:
+        return _dispatchers[name]
+    except KeyError:
+        raise ValueError(f"no generated layoutgen module named {name!r} has been imported in this process") from None
+
+
+def shape_values(bufs: UlyssesBuffers) -> list[int]:
+    """A buffers object's shape as the custom ops take it (the dtype travels with the tensors)."""
+    shape = bufs.shape
+    return [shape.N, shape.S_local, shape.B, shape.H, shape.H_kv, shape.D]
+
+
+def shape_from_values(values: list[int], dtype: torch.dtype) -> Shape:
+    N, S_local, B, H, H_kv, D = values
+    return Shape(N=N, S_local=S_local, H=H, H_kv=H_kv, D=D, dtype=dtype, B=B)
+
+
+def config_values(config: Any) -> list[int]:
+    """A config as the custom ops take it: its fields in declaration order, [] for None."""
+    return [] if config is None else list(config.values())
+
+
+class Dispatcher:
+    """Validation, config choice and launch for one generated module."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: UlyssesSpec,
+        spec_hash: str,
+        source_hashes: dict[str, str],
+        kernels: dict[str, tuple[Any, LaunchFunction]],
+    ) -> None:
+        if spec_hash != spec.layout_hash():
+            raise ValueError(f"generated module {name} is stale: SPEC_HASH does not match its SPEC; rebuild it")
+        if sorted(kernels) != sorted(KERNEL_DIRECTION):
+            raise ValueError(f"generated module {name} must define the kernels {sorted(KERNEL_DIRECTION)}")
+        self.name = name
+        self.spec = spec
+        self.spec_hash = spec_hash
+        self.source_hashes = source_hashes
+        self.kernels = kernels
+        _dispatchers[name] = self
+
+    def __repr__(self) -> str:
+        return f"Dispatcher({self.name!r}, spec={self.spec.name!r})"
+
+    # scatter / scatter_out -------------------------------------------------------------------------------
+
+    def scatter(self, kernel: str, tensors: tuple[Any, ...], bufs: Any, config: TileConfig | None = None) -> None:
+        """Write `tensors` (the direction's, in order) into the send buffers `bufs`."""
+        if _is_compiling():
+            getattr(torch.ops.layoutgen, f"ulysses_{kernel}")(
+                list(tensors), list(bufs.tensors.values()), self.name, shape_values(bufs), config_values(config)
+            )
+            return
+        try:
+            key = (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+            plan = bufs.__dict__[_PLANS][key]
+        except (AttributeError, KeyError, TypeError):
+            plan = self._plan_scatter(kernel, tensors, bufs, config)
+        call = (*tensors, *bufs.tensors.values())
+        direct = plan.direct
+        if direct is not None:
+            direct(call)
+            return
+        launch_args = (*tensors, bufs, plan.config, plan.index_64)
+        self._launch(kernel, plan, launch_args, call, tuple(range(len(tensors))))
+
+    def _plan_scatter(self, kernel: str, tensors: Any, bufs: Any, config: Any) -> Plan:
+        bufs = checks.check_sources(self.spec, kernel, tensors, bufs)
+        check_runnable(self.kernels[kernel][0], *tensors, *bufs.tensors.values())
+        plan = Plan(self._config(kernel, bufs, config), needs_int64(*tensors, *bufs.tensors.values()))
+        key = (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+        plans_of(bufs)[key] = plan
+        return plan
+
+    # gather / gather_out --------------------------------------------------------------------------------
+
+    def gather(
+        self, kernel: str, bufs: Any, out: Any = None, config: TileConfig | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """Read the receive buffers `bufs` into the direction's tensors (new ones, or those of `out`)."""
+        if _is_compiling():
+            return self._gather_traced(kernel, bufs, out, config)
+        try:
+            given = None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device) for t in out)
+            plan = bufs.__dict__[_PLANS][(self, kernel, config, given)]
+        except (AttributeError, KeyError, TypeError):
+            plan = self._plan_gather(kernel, bufs, out, config)
+        if out is None:
+            out = tuple(torch.empty(shape, dtype=bufs.dtype, device=bufs.device) for shape in plan.out_shapes)
+        else:
+            out = tuple(out)
+        call = (*bufs.tensors.values(), *out)
+        direct = plan.direct
+        if direct is not None:
+            direct(call)
+            return out
+        launch_args = (bufs, *out, plan.config, plan.index_64)
+        buffers = len(bufs.tensors)
+        self._launch(kernel, plan, launch_args, call, tuple(range(buffers, buffers + len(out))))
+        return out
+
+    def _out_shapes(self, kernel: str, bufs: UlyssesBuffers) -> tuple[tuple[int, ...], ...]:
+        side = KERNEL_SIDES[kernel][1]
+        return tuple(tensor_shape(self.spec, bufs.shape, t, side) for t in bufs.tensor_specs)
+
+    def _plan_gather(self, kernel: str, bufs: Any, out: Any, config: Any) -> Plan:
+        bufs = checks.check_destinations(self.spec, kernel, bufs, out)
+        given = () if out is None else tuple(out)
+        check_runnable(self.kernels[kernel][0], *bufs.tensors.values(), *given)
+        out_shapes = self._out_shapes(kernel, bufs)
+        # New outputs are dense: as large as given ones would be when they are.
+        sizes = [torch.empty(shape, device="meta") for shape in out_shapes] if out is None else list(given)
+        plan = Plan(self._config(kernel, bufs, config), needs_int64(*bufs.tensors.values(), *sizes), out_shapes)
+        key = (
+            self,
+            kernel,
+            config,
+            None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device) for t in out),
+        )
+        plans_of(bufs)[key] = plan
+        return plan
+
+    def _gather_traced(self, kernel: str, bufs: Any, out: Any, config: Any) -> tuple[torch.Tensor, ...]:
+        # Allocation stays in the traced graph; the op only writes.
+        if out is None:
+            out = tuple(
+                torch.empty(shape, dtype=bufs.dtype, device=bufs.device) for shape in self._out_shapes(kernel, bufs)
+            )
+        getattr(torch.ops.layoutgen, f"ulysses_{kernel}")(
+            list(bufs.tensors.values()), list(out), self.name, shape_values(bufs), config_values(config)
+        )
+        return tuple(out)
+
+    # shared ------------------------------------------------------------------------------------------------
+
+    def plan(self, kernel: str, *args: Any, config: TileConfig | None = None) -> Plan:
+        """The cached plan of a call (validating it the first time): shows the config in use.
+        Arguments as the public function takes them: (tensors, bufs) or (bufs, out)."""
+        if kernel in ("scatter", "scatter_out"):
+            tensors, bufs = args
+            key = (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+            found = bufs.__dict__.get(_PLANS, {}).get(key)
+            return cast(Plan, found) if found is not None else self._plan_scatter(kernel, tensors, bufs, config)
+        bufs, out = args
+        given = None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device) for t in out)
+        found = bufs.__dict__.get(_PLANS, {}).get((self, kernel, config, given))
+        return cast(Plan, found) if found is not None else self._plan_gather(kernel, bufs, out, config)
+
+    def _config(self, kernel: str, bufs: UlyssesBuffers, config: Any) -> TileConfig:
+        if config is not None:
+            check_config(config, CONFIG_TYPES[kernel])
+            return cast(TileConfig, config)
+        resolved = configs.resolve_config(
+            "ulysses",
+            self.spec.name,
+            get_family("ulysses").kernel(kernel),
+            bufs.device,
+            key_extents(self.spec, kernel, bufs.shape),
+            DTYPE_NAMES[bufs.dtype],
+            bufs.B * bufs.S_local,
+            self.spec_hash,
+            self.source_hashes[kernel],
+            lambda: runtime_default(self.spec, kernel, bufs.shape),
+        )
+        return cast(TileConfig, resolved)
+
+    def _launch(
+        self, kernel: str, plan: Plan, launch_args: tuple[Any, ...], call: tuple[Any, ...], varying: tuple[int, ...]
+    ) -> None:
+        jit_kernel, launch = self.kernels[kernel]
+        if not plan.recorded and call[0].is_cuda and is_jit_function(jit_kernel):
+            plan.recorded = True
+            plan.direct = record_launches(jit_kernel, launch, launch_args, call, varying)
+            if plan.direct is not None:
+                plan.direct(call)
+                return
+        launch(*launch_args)

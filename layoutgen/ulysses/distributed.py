@@ -1,0 +1,255 @@
+"""The Ulysses all-to-all across ranks: scatter -> exchange -> gather on static buffers, and back.
+
+`UlyssesExchange` owns the send and receive buffers of both directions, allocated once with the generated
+module's `alloc` / `alloc_out` for `S_max` rows per shard.  A call with `S_local <= S_max` rows works on
+the spec's dense `S_local`-row layout laid over the first bytes of those buffers, so the transport moves
+only live rows and no call allocates wire memory.  The bytes move through `torch.distributed`
+(`all_to_all_single` per buffer: NCCL on GPUs, gloo on CPU, the same code) or a transport the caller
+passes in; layoutgen never moves bytes between ranks itself.
+
+CUDA graphs: run each S_local once eagerly before capturing it (that call validates, compiles the kernels
+and builds the `S_local`-row views); afterwards a call does no host sync and allocates only its results,
+which come from the graph's memory pool during capture (pass `out=` to write into tensors of your own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from layoutgen.runtime.exchange import all_to_all_tensors
+from layoutgen.ulysses.dispatch import remember_buffers
+from layoutgen.ulysses.layout import DTYPES, Shape, UlyssesBuffers, check_shape
+from layoutgen.ulysses.spec import HeadCount, Transport, UlyssesSpec
+
+#: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the receive
+#: buffer of the same name on that peer (same layout, peer index = source rank).
+ExchangeFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], None]
+
+
+def _load_module(spec: Any) -> ModuleType:
+    if isinstance(spec, ModuleType):
+        missing = [name for name in ("SPEC", "alloc", "alloc_out", "scatter", "gather") if not hasattr(spec, name)]
+        if missing or getattr(spec.SPEC, "family", None) != "ulysses":
+            raise TypeError(
+                f"spec module {spec.__name__} is not a layoutgen generated module of the ulysses family"
+                + (f" (it lacks {', '.join(missing)})" if missing else "")
+            )
+        return spec
+    if isinstance(spec, str | Path):
+        from layoutgen.loader import load
+
+        module = load(spec)
+        if module.SPEC.family != "ulysses":
+            raise ValueError(
+                f"spec {spec!r} is of the {module.SPEC.family} family; UlyssesExchange takes ulysses specs"
+            )
+        return module
+    raise TypeError(
+        "spec must be a bundled spec name, a generated module (layoutgen.load) or a path to a generated .py; "
+        f"got {type(spec).__name__}"
+    )
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"shape {list(tensor.shape)}, {tensor.dtype} on {tensor.device}"
+
+
+class UlyssesExchange:
+    """Regroup this rank's sequence shards for attention over its head block, and the attention output back.
+
+    Args:
+        spec: a bundled spec name (``"ulysses_qkv_gqa"``), a generated module (``layoutgen.load(...)``) or
+            the path of a generated ``.py``.
+        group: the sequence-parallel process group (``None``: the default group).  Its size is N; every
+            rank must construct the exchange with the same arguments.
+        S_max: the most rows one shard may have.
+        H, D: heads of H-headed tensors (q, the attention output; divisible by N) and the head dim.
+        dtype, device: of the tensors; the buffers live on ``device``.
+        H_kv: heads of H_kv-headed tensors (GQA k and v; divisible by N), for specs that have them.
+        B: sequences, for specs with a batch axis.
+        exchange_fn: the transport, ``exchange_fn(send_tensors, recv_tensors)`` over dicts of buffer name ->
+            tensor (views of the static buffers, dense in the spec's layout at the call's S_local).  Required
+            for ``external`` specs; for ``all_to_all_single`` specs it replaces one ``all_to_all_single``
+            per buffer.
+
+    ``to_attention(q, k, v)`` takes the shards (the spec's local layout, S_local <= S_max rows, any strides
+    with the last one 1) and returns them in the attention layout over the whole sequence for this rank's
+    head block; ``from_attention(out)`` takes the attention output and returns this rank's shard of it.
+    Every rank must call with the same S_local, as sequence parallelism does.
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        group: Any = None,
+        *,
+        S_max: int,
+        H: int,
+        D: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        H_kv: int | None = None,
+        B: int = 1,
+        exchange_fn: ExchangeFn | None = None,
+    ) -> None:
+        self.module = _load_module(spec)
+        self.spec: UlyssesSpec = self.module.SPEC
+        if exchange_fn is not None and not callable(exchange_fn):
+            raise TypeError(
+                f"exchange_fn must be callable(send_tensors, recv_tensors), got {type(exchange_fn).__name__}"
+            )
+        if self.spec.transport is Transport.EXTERNAL and exchange_fn is None:
+            raise ValueError(
+                f"spec '{self.spec.name}' has transport external: pass exchange_fn(send_tensors, recv_tensors) "
+                "that moves its buffers"
+            )
+        if H_kv is None and self.spec.uses(HeadCount.H_KV):
+            raise TypeError(f"spec '{self.spec.name}' has H_kv-headed tensors: pass H_kv")
+        if dtype not in DTYPES:
+            raise TypeError(f"dtype must be one of {[str(d) for d in DTYPES]}, got {dtype}")
+        self.device = torch.device(device)
+        self.group = group
+        self.exchange_fn = exchange_fn
+        self.rank, self.world_size = self._join(group)
+        self.shape = Shape(N=self.world_size, S_local=S_max, H=H, H_kv=H if H_kv is None else H_kv, D=D, dtype=dtype,
+                           B=B)  # fmt: skip
+        check_shape(self.spec, self.shape)
+        self.S_max = S_max
+        self._views: dict[tuple[str, int], tuple[UlyssesBuffers, UlyssesBuffers]] = {}
+        self._static = {
+            direction: tuple(UlyssesBuffers.allocate(self.spec, direction, self.shape, self.device) for _ in range(2))
+            for direction in ("to_attention", "from_attention")
+        }
+        if self.world_size > 1:
+            self._check_peers_agree()
+
+    def _join(self, group: Any) -> tuple[int, int]:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised: call torch.distributed.init_process_group (nccl on GPUs, "
+                "gloo on CPU) before building a UlyssesExchange"
+            )
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError(
+                f"this process (global rank {dist.get_rank()}) is not a member of the group passed to "
+                "UlyssesExchange; pass the sequence-parallel group this rank belongs to"
+            )
+        world_size = dist.get_world_size(group)
+        backend = str(dist.get_backend(group))  # "gloo", "nccl", or per device type: "cpu:gloo,cuda:nccl"
+        if world_size > 1 and self.device.type != "cuda" and "nccl" in backend and "gloo" not in backend:
+            raise ValueError(
+                f"the group uses NCCL, which moves CUDA tensors only, but device is {self.device}; "
+                "use a CUDA device or a gloo group"
+            )
+        return rank, world_size
+
+    def _check_peers_agree(self) -> None:
+        """One all_gather at construction: a rank built with other arguments would otherwise hang or exchange
+        garbage on the first call."""
+        shape = self.shape
+        fields = {
+            "spec layout (sha256 prefix)": int(self.spec.layout_hash()[:15], 16),
+            "S_max": shape.S_local,
+            "H": shape.H,
+            "H_kv": shape.H_kv,
+            "D": shape.D,
+            "B": shape.B,
+            "dtype": int(hashlib.sha256(str(shape.dtype).encode()).hexdigest()[:15], 16),
+        }
+        backend = str(dist.get_backend(self.group))
+        device = self.device if self.device.type == "cuda" and "nccl" in backend else torch.device("cpu")
+        mine = torch.tensor(list(fields.values()), dtype=torch.int64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine, group=self.group)
+        for peer, theirs in enumerate(gathered):
+            differing = [name for name, a, b in zip(fields, mine.tolist(), theirs.tolist(), strict=True) if a != b]
+            if differing:
+                raise ValueError(
+                    f"UlyssesExchange arguments differ between ranks: rank {peer} of the group disagrees with rank "
+                    f"{self.rank} on {', '.join(differing)}; every rank must pass the same spec, S_max, H, H_kv, "
+                    "D, B and dtype"
+                )
+
+    def buffers(self, direction: str, S_local: int) -> tuple[UlyssesBuffers, UlyssesBuffers]:
+        """(send, recv) of `direction` for an S_local-row call: the spec's dense layout at S_local over the
+        static buffers' first bytes (no allocation; the same objects every call with this S_local)."""
+        views = self._views.get((direction, S_local))
+        if views is not None:
+            return views
+        if isinstance(S_local, bool) or not isinstance(S_local, int) or not 1 <= S_local <= self.S_max:
+            raise ValueError(f"S_local must be an int in [1, S_max={self.S_max}], got {S_local!r}")
+        shape = dataclasses.replace(self.shape, S_local=S_local)
+        layout = UlyssesBuffers.allocate(self.spec, direction, shape, "meta").tensors
+
+        def prefix(static: UlyssesBuffers) -> UlyssesBuffers:
+            tensors = {
+                name: static.tensors[name].view(-1)[: meta.numel()].view(meta.shape) for name, meta in layout.items()
+            }
+            return remember_buffers(UlyssesBuffers(self.spec, direction, shape, tensors))
+
+        send, recv = self._static[direction]
+        views = (prefix(send), prefix(recv))
+        self._views[(direction, S_local)] = views
+        return views
+
+    def _seq_extent(self, tensors: tuple[Any, ...], axes: tuple[str, ...], what: str, names: list[str]) -> int:
+        if len(tensors) != len(names):
+            raise TypeError(f"{what} takes the tensors {names} (in this order), got {len(tensors)}")
+        first = tensors[0]
+        if not isinstance(first, torch.Tensor) or first.dim() != len(axes):
+            raise TypeError(
+                f"{what}: {names[0]} must be a torch.Tensor with axes [{', '.join(axes)}], got "
+                + (_describe(first) if isinstance(first, torch.Tensor) else type(first).__name__)
+            )
+        return int(first.shape[axes.index("seq")])
+
+    def _move(self, direction: str, S_local: int) -> UlyssesBuffers:
+        send, recv = self.buffers(direction, S_local)
+        if self.world_size == 1:
+            return send  # one rank: what it sends is what it receives
+        if self.exchange_fn is not None:
+            self.exchange_fn(send.tensors, recv.tensors)
+        else:
+            all_to_all_tensors(send.tensors, recv.tensors, self.group)
+        return recv
+
+    def to_attention(self, *tensors: torch.Tensor, out: Any = None) -> Any:
+        """Scatter -> exchange -> gather: the shards (local layout) -> the attention layout for this rank's
+        head block over the whole sequence (a tensor, or a tuple of them in the spec's order)."""
+        names = [t.name for t in self.spec.to_attention.tensors]
+        S_local = self._seq_extent(tensors, self.spec.local, "to_attention", names)
+        send, _ = self.buffers("to_attention", S_local)
+        self.module.scatter(*tensors, send)
+        return self.module.gather(self._move("to_attention", S_local), out=out)
+
+    def from_attention(self, *tensors: torch.Tensor, out: Any = None) -> Any:
+        """Scatter_out -> exchange -> gather_out: the attention output over the whole sequence for this rank's
+        head block -> this rank's shard of it, all heads (local layout)."""
+        names = [t.name for t in self.spec.from_attention.tensors]
+        S = self._seq_extent(tensors, self.spec.attention, "from_attention", names)
+        if S % self.world_size:
+            raise ValueError(
+                f"from_attention: {names[0]} has {S} rows, not a multiple of the group's {self.world_size} ranks; "
+                f"got {_describe(tensors[0])}"
+            )
+        S_local = S // self.world_size
+        send, _ = self.buffers("from_attention", S_local)
+        self.module.scatter_out(*tensors, send)
+        return self.module.gather_out(self._move("from_attention", S_local), out=out)
+
+    def __repr__(self) -> str:
+        shape = self.shape
+        return (
+            f"UlyssesExchange(spec={self.spec.name!r}, rank={self.rank}, world_size={self.world_size}, "
+            f"S_max={self.S_max}, B={shape.B}, H={shape.H}, H_kv={shape.H_kv}, D={shape.D}, dtype={shape.dtype}, "
+            f"device={self.device}, exchange={'exchange_fn' if self.exchange_fn else 'all_to_all_single'})"
+        )

@@ -1,0 +1,90 @@
+"""The Ulysses kernels as `torch.library` custom ops, so that `torch.compile(fullgraph=True)` traces them.
+
+Generated modules route here by themselves while `torch.compiler.is_compiling()`: a compiled model just
+calls `module.scatter(...)` / `module.gather(...)`.  Importing `layoutgen.ulysses.runtime` registers:
+
+* `torch.ops.layoutgen.ulysses_scatter(tensors, buffers, module, shape, config)` and
+  `torch.ops.layoutgen.ulysses_scatter_out(...)`: write `tensors` (the direction's, in order) into
+  `buffers` (the buffers object's tensors, in `bufs.tensors` order);
+* `torch.ops.layoutgen.ulysses_gather(buffers, out, module, shape, config)` and
+  `torch.ops.layoutgen.ulysses_gather_out(...)`: write the direction's tensors into `out`.
+
+`module` is the generated module's `__name__`, `shape` the buffers' [N, S_local, B, H, H_kv, D], `config`
+a config's fields in declaration order (`layoutgen.ulysses.dispatch.config_values`) or [] for the
+dispatched default.  When the tensors are those of a live `alloc()` result the op reuses its cached
+plans; otherwise (e.g. functionalisation handed it copies) it validates and plans again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from layoutgen.ulysses.config import CONFIG_TYPES, TileConfig
+from layoutgen.ulysses.dispatch import buffers_from_tensors, dispatcher, shape_from_values
+from layoutgen.ulysses.layout import KERNEL_DIRECTION
+
+_configs: dict[tuple[str, tuple[int, ...]], TileConfig] = {}
+
+
+def _config(kernel: str, values: list[int]) -> Any:
+    if not values:
+        return None
+    key = (kernel, tuple(values))
+    config = _configs.get(key)
+    if config is None:
+        kind = CONFIG_TYPES[kernel]
+        names = [field.name for field in dataclasses.fields(kind)]
+        if len(values) != len(names):
+            raise ValueError(f"config must list the {kernel} config fields {names} in order, or be []; got {values}")
+        config = kind(**dict(zip(names, values, strict=True)))
+        _configs[key] = config
+    return config
+
+
+def _register_scatter(kernel: str) -> Any:
+    @torch.library.custom_op(f"layoutgen::ulysses_{kernel}", mutates_args=("buffers",))
+    def scatter_op(
+        tensors: list[torch.Tensor], buffers: list[torch.Tensor], module: str, shape: list[int], config: list[int]
+    ) -> None:
+        owner = dispatcher(module)
+        bufs = buffers_from_tensors(
+            owner.spec, KERNEL_DIRECTION[kernel], buffers, shape_from_values(shape, buffers[0].dtype)
+        )
+        owner.scatter(kernel, tuple(tensors), bufs, _config(kernel, config))
+
+    @scatter_op.register_fake
+    def _(
+        tensors: list[torch.Tensor], buffers: list[torch.Tensor], module: str, shape: list[int], config: list[int]
+    ) -> None:
+        return None
+
+    return scatter_op
+
+
+def _register_gather(kernel: str) -> Any:
+    @torch.library.custom_op(f"layoutgen::ulysses_{kernel}", mutates_args=("out",))
+    def gather_op(
+        buffers: list[torch.Tensor], out: list[torch.Tensor], module: str, shape: list[int], config: list[int]
+    ) -> None:
+        owner = dispatcher(module)
+        bufs = buffers_from_tensors(
+            owner.spec, KERNEL_DIRECTION[kernel], buffers, shape_from_values(shape, buffers[0].dtype)
+        )
+        owner.gather(kernel, bufs, tuple(out), _config(kernel, config))
+
+    @gather_op.register_fake
+    def _(
+        buffers: list[torch.Tensor], out: list[torch.Tensor], module: str, shape: list[int], config: list[int]
+    ) -> None:
+        return None
+
+    return gather_op
+
+
+scatter_op = _register_scatter("scatter")
+scatter_out_op = _register_scatter("scatter_out")
+gather_op = _register_gather("gather")
+gather_out_op = _register_gather("gather_out")

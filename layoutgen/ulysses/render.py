@@ -1,0 +1,349 @@
+"""The Ulysses family's render context: everything its templates need, derived from the spec alone.
+
+All four kernels copy between two layouts of the same logical axes, peer x (batch x) seq x head x dim:
+
+* a wire (a buffer per tensor, or one shared buffer whose `tensor` axis concatenates every tensor's block);
+* a shard (`local`), whose head axis is (peer, head): peer p's local head h is the shard's head p*H/N + h;
+* an attention tensor, whose seq axis is (peer, seq): row p*S_local + i is row i of peer p's shard.
+
+A kernel's tile is a box of those axes in its destination's order (so the box's innermost axis is the
+destination's, for coalesced stores).  Its programs walk the destination in memory order: grid x holds
+the seq blocks, each followed by the tiles of the axes inside seq (the innermost fastest), grid y the
+axes outside seq.  Every division in that decomposition is by a compile-time block count (seq, the only
+run-time extent, is the outermost part of x).  The tensors of one direction share one launch: their
+tiles follow one another along the grid axis that holds `head` (the only axis whose extent differs
+between tensors), so no program idles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from layoutgen.render_helpers import broadcast_index, stride_expressions
+from layoutgen.ulysses import layout
+from layoutgen.ulysses.layout import KERNEL_DIRECTION
+from layoutgen.ulysses.spec import DirectionSpec, HeadCount, TensorSpec, Transport, UlyssesSpec
+
+#: Per head count: the kernels' constexpr, the launchers' variable, the prefix of its tile counts.
+_GROUP_CONST = {HeadCount.H: "HEADS_PER_PEER", HeadCount.H_KV: "KV_HEADS_PER_PEER"}
+_GROUP_VARIABLE = {HeadCount.H: "heads_per_peer", HeadCount.H_KV: "kv_heads_per_peer"}
+_GROUP_PREFIX = {HeadCount.H: "", HeadCount.H_KV: "kv_"}
+_GROUP_BLOCKS = {HeadCount.H: "head", HeadCount.H_KV: "kv_head"}
+#: Extents as a tile function sees them (its tensor's heads are HEADS).
+_TILE_EXTENT = {"peer": "NUM_PEERS", "batch": "BATCH", "seq": "seq_len", "head": "HEADS", "dim": "HEAD_DIM"}
+#: Symbols of the docstrings, per side.
+_SYMBOL = {
+    "local": {"batch": "B", "seq": "S_local", "dim": "D"},
+    "attention": {"batch": "B", "seq": "S", "dim": "D"},
+    "wire": {"peer": "N", "batch": "B", "seq": "S_local", "dim": "D"},
+}
+_KERNEL_SIDES = layout.KERNEL_SIDES
+_SPLIT_AXIS = layout.SPLIT_AXIS
+_LINE = 100
+
+
+def block_count(axis: str, extent: str) -> str:
+    """The number of blocks along `axis` of a compile-time extent, as a constexpr expression."""
+    block = f"BLOCK_{axis.upper()}"
+    return f"(({extent} + {block} - 1) // {block})"
+
+
+def wrap_terms(terms: Sequence[str], indent: int, joiner: str = " + ") -> str:
+    """`terms` joined, one per line inside parentheses when the line would be long (readable generated code)."""
+    text = joiner.join(terms)
+    if len(text) + indent <= _LINE - 20 or len(terms) == 1:
+        return text
+    pad = " " * (indent + 4)
+    return "(\n" + pad + ("\n" + pad + joiner.strip() + " ").join(terms) + "\n" + " " * indent + ")"
+
+
+def product(factors: Sequence[str]) -> str:
+    return " * ".join(factors) if factors else "1"
+
+
+def heads_symbol(tensor: TensorSpec, side: str) -> str:
+    return tensor.heads.value if side == "local" else f"{tensor.heads.value}/N"
+
+
+def describe_tensor(axes: Sequence[str], tensor: TensorSpec, side: str) -> str:
+    """e.g. `[S_local, B, H, D]`: the tensor's extents in its axis order."""
+    symbols = {**_SYMBOL[side], "head": heads_symbol(tensor, side)}
+    return "[" + ", ".join(symbols[axis] for axis in axes) + "]"
+
+
+def describe_tensors(axes: Sequence[str], tensors: Sequence[TensorSpec], side: str) -> str:
+    """e.g. `q [S_local, H, D]; k, v [S_local, H_kv, D]`: tensors of equal shape grouped."""
+    groups: dict[str, list[str]] = {}
+    for tensor in tensors:
+        groups.setdefault(describe_tensor(axes, tensor, side), []).append(tensor.name)
+    return "; ".join(f"{', '.join(names)} {shape}" for shape, names in groups.items())
+
+
+def describe_wire(direction: DirectionSpec) -> str:
+    """The wire buffers of a direction, e.g. `q, k, v [N, S_local, H/N, D] (one buffer each)`, or for a shared
+    buffer `wire [N, tensor]: along tensor q [S_local, H/N, D], then k, v [S_local, H_kv/N, D]`."""
+    if not direction.shared:
+        return describe_tensors(direction.wire, direction.tensors, "wire") + " (one buffer each)"
+    position = direction.wire.index("tensor")
+    outer = [_SYMBOL["wire"].get(axis, "H/N") for axis in direction.wire[:position]]
+    inner = direction.wire[position + 1 :]
+    blocks = describe_tensors(inner, direction.tensors, "wire").replace("; ", ", then ")
+    return f"wire [{', '.join([*outer, 'tensor'])}]: along tensor {blocks}"
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One head count used by a kernel's tensors."""
+
+    count: HeadCount
+
+    @property
+    def const(self) -> str:
+        return _GROUP_CONST[self.count]
+
+    @property
+    def variable(self) -> str:
+        return _GROUP_VARIABLE[self.count]
+
+    @property
+    def prefix(self) -> str:
+        return _GROUP_PREFIX[self.count]
+
+    @property
+    def blocks(self) -> str:
+        return _GROUP_BLOCKS[self.count]
+
+    @property
+    def source(self) -> str:
+        return "bufs.H" if self.count is HeadCount.H else "bufs.H_kv"
+
+
+def _user_offset(axes: Sequence[str], side: str, index: dict[str, str], prefix: str) -> list[str]:
+    """Terms of a user tensor's element offset: its strides are run-time arguments but the innermost's (1)."""
+    split = _SPLIT_AXIS[side]
+    split_extent = "HEADS" if split == "head" else "seq_len"
+    terms = []
+    for position, axis in enumerate(axes):
+        innermost = position == len(axes) - 1
+        value = (
+            f"peer{index['peer']} * {split_extent} + {axis}{index[axis]}" if axis == split else f"{axis}{index[axis]}"
+        )
+        if innermost:
+            terms.append(value)
+        else:
+            terms.append(
+                f"({value}) * {prefix}_stride_{axis}" if axis == split else f"{value} * {prefix}_stride_{axis}"
+            )
+    return terms
+
+
+def _wire_strides(direction: DirectionSpec) -> dict[str, str]:
+    """Per wire axis (`tensor` aside), its dense stride as a tile function computes it."""
+    extents = dict(_TILE_EXTENT)
+    if not direction.shared:
+        return stride_expressions(direction.wire, extents)
+    position = direction.wire.index("tensor")
+    outer = stride_expressions([*direction.wire[:position], "tensor"], {**extents, "tensor": "tensor_axis_size"})
+    inner = stride_expressions(direction.wire[position + 1 :], extents)
+    outer.pop("tensor")
+    return {**outer, **inner}
+
+
+def _tensor_size(direction: DirectionSpec, group: _Group) -> str:
+    """Elements of one tensor's block inside a shared wire's `tensor` axis, in the kernel's names."""
+    inner = direction.wire[direction.wire.index("tensor") + 1 :]
+    extents = {**_TILE_EXTENT, "head": group.const}
+    runtime = [extents[a] for a in inner if not extents[a].isupper()]
+    constant = [extents[a] for a in inner if extents[a].isupper()]
+    factors = runtime + ([f"({' * '.join(constant)})" if len(constant) > 1 else constant[0]] if constant else [])
+    return product(factors)
+
+
+def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
+    """Everything one kernel's template needs."""
+    direction_name = KERNEL_DIRECTION[kernel]
+    direction = spec.direction(direction_name)
+    source_side, destination_side = _KERNEL_SIDES[kernel]
+    user_side = destination_side if destination_side != "wire" else source_side
+    user_axes = spec.local if user_side == "local" else spec.attention
+    tile_axes = layout.tile_axes(spec, kernel)
+    seq = tile_axes.index("seq")
+    outer_axes, inner_axes = tile_axes[:seq], tile_axes[seq + 1 :]
+    fused = "x" if "head" in inner_axes else "y"
+    groups = [_Group(count) for count in HeadCount if any(t.heads is count for t in direction.tensors)]
+    group_of = {t.name: _Group(t.heads) for t in direction.tensors}
+    rank = len(tile_axes)
+    index = {axis: f"_{rank}d" for axis in tile_axes}
+    wire_strides = _wire_strides(direction)
+    wire_terms = [
+        f"{axis}{index[axis]}" if wire_strides[axis] == "1" else f"{axis}{index[axis]} * wire_stride_{axis}"
+        for axis in direction.wire
+        if axis != "tensor"
+    ]
+    user_terms = _user_offset(user_axes, user_side, index, user_side)
+    source_terms, destination_terms = (wire_terms, user_terms) if source_side == "wire" else (user_terms, wire_terms)
+    user_strides = [axis for axis in user_axes[:-1]]
+    shared = direction.shared
+    takes_axis_size = shared and direction.wire.index("tensor") > 0
+
+    def tile_counts(axes: Sequence[str], group: _Group | None, scope: str) -> str:
+        """Blocks of `axes` multiplied, in the kernel (`kernel`) or the launcher (`launcher`)."""
+        factors = []
+        for axis in axes:
+            if scope == "launcher":
+                factors.append(f'blocks["{group.blocks if axis == "head" and group else axis}"]')
+            else:
+                extent = group.const if axis == "head" and group else _TILE_EXTENT[axis]
+                factors.append(block_count(axis, extent))
+        return product(factors)
+
+    # The grid axis that holds `head` carries every tensor's tiles, one tensor after another.
+    count_name = "tiles" if fused == "x" else "outer_tiles"
+    counts = {group.count: f"{group.prefix}{count_name}" for group in groups}
+    tensors = []
+    offset_terms: list[str] = []
+    start_terms: list[str] = []
+    for position, tensor in enumerate(direction.tensors):
+        group = group_of[tensor.name]
+        count = counts[tensor.heads]
+        start = " + ".join(start_terms)
+        variable = "tile" if fused == "x" else "outer"
+        relative = (
+            variable if not start else (f"{variable} - {start}" if len(start_terms) == 1 else f"{variable} - ({start})")
+        )
+        wire_pointer = (
+            f"{tensor.name}_wire_ptr"
+            if not shared
+            else ("wire_ptr" if not offset_terms else f"wire_ptr + {' + '.join(offset_terms)}")
+        )
+        tensors.append(
+            {
+                "name": tensor.name,
+                "const": group.const,
+                "group": group.count.value,
+                "condition": f"{variable} < {' + '.join([*start_terms, count])}",
+                "relative": relative,
+                "wire_pointer": wire_pointer,
+                "last": position == len(direction.tensors) - 1,
+                "user_strides": [f"{tensor.name}_stride_{axis}" for axis in user_strides],
+                "launch_strides": [f"{tensor.name}.stride({user_axes.index(axis)})" for axis in user_strides],
+                "size": _tensor_size(direction, group) if shared else "",
+                "shape": describe_tensor(user_axes, tensor, user_side),
+            }
+        )
+        start_terms.append(count)
+        offset_terms.append(f"{tensor.name}_size")
+
+    names = [t.name for t in direction.tensors]
+    source_role, destination_role = source_side, destination_side
+    split = _SPLIT_AXIS[user_side]
+    peer_meaning = (
+        "Peer p's chunk holds heads p * HEADS ... p * HEADS + HEADS - 1 of the shard"
+        if user_side == "local"
+        else "Peer p's chunk holds rows p * seq_len ... p * seq_len + seq_len - 1 of the attention tensor"
+    )
+    wire_desc = "wire " + ("[" + ", ".join(a if a != "tensor" else "tensor" for a in direction.wire) + "]")
+    user_desc = f"{user_side} [" + ", ".join(user_axes) + "]"
+    source_desc, destination_desc = (wire_desc, user_desc) if source_side == "wire" else (user_desc, wire_desc)
+    fused_index = "tile" if fused == "x" else "outer"
+    x_total = [counts[t.heads] for t in direction.tensors] if fused == "x" else (["tiles"] if inner_axes else [])
+    y_total = [counts[t.heads] for t in direction.tensors] if fused == "y" else (["outer_tiles"] if outer_axes else [])
+    return {
+        "name": kernel,
+        "direction": direction_name,
+        "kernel_name": f"_{kernel}_kernel",
+        "tile_name": f"_{kernel}_tile",
+        "launch_name": f"_launch_{kernel}",
+        "source_role": source_role,
+        "destination_role": destination_role,
+        "user_side": user_side,
+        "user_axes": list(user_axes),
+        "user_strides": user_strides,
+        "split": split,
+        "peer_meaning": peer_meaning,
+        "source_desc": source_desc,
+        "destination_desc": destination_desc,
+        "wire_desc": wire_desc,
+        "wire_axes": list(direction.wire),
+        "wire_strides": {a: s for a, s in wire_strides.items() if s != "1"},
+        "shared": shared,
+        "takes_axis_size": takes_axis_size,
+        "tile_axes": tile_axes,
+        "outer_axes": outer_axes,
+        "inner_axes": inner_axes,
+        "fused": fused,
+        "fused_index": fused_index,
+        "expand": broadcast_index(tile_axes),
+        "rank": rank,
+        "block_count": {axis: block_count(axis, _TILE_EXTENT[axis]) for axis in tile_axes if axis != "seq"},
+        "mask": wrap_terms([f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes], 4, " & "),
+        "source_offset": wrap_terms(source_terms, 4),
+        "destination_offset": wrap_terms(destination_terms, 4),
+        "groups": [
+            {
+                "const": g.const,
+                "variable": g.variable,
+                "source": g.source,
+                "blocks": g.blocks,
+                "tiles": f"{g.prefix}tiles",
+                "outer_tiles": f"{g.prefix}outer_tiles",
+                "kernel_tiles": tile_counts(inner_axes, g, "kernel"),
+                "kernel_outer_tiles": tile_counts(outer_axes, g, "kernel"),
+                "launch_tiles": tile_counts(inner_axes, g, "launcher"),
+                "launch_outer_tiles": tile_counts(outer_axes, g, "launcher"),
+            }
+            for g in groups
+        ],
+        "shared_tiles": tile_counts(inner_axes, None, "kernel"),
+        "shared_outer_tiles": tile_counts(outer_axes, None, "kernel"),
+        "launch_shared_tiles": tile_counts(inner_axes, None, "launcher"),
+        "launch_shared_outer_tiles": tile_counts(outer_axes, None, "launcher"),
+        "x_total": " + ".join(x_total) if x_total else "",
+        "x_divisor": x_total[0] if len(x_total) == 1 else f"({' + '.join(x_total)})",
+        "y_total": " + ".join(y_total) if y_total else "",
+        "tensors": tensors,
+        "axis_size_sum": " + ".join(f"{t.name}_size" for t in direction.tensors),
+        "launch_params": ", ".join(["bufs", *names] if source_side == "wire" else [*names, "bufs"]),
+        "has_batch": spec.has_batch,
+        "buffer_names": ["wire"] if shared else [t.name for t in direction.tensors],
+    }
+
+
+def module_context(spec: UlyssesSpec) -> dict[str, Any]:
+    """The kernels' contexts plus what the module template's docstring and API need."""
+    to_attention, from_attention = spec.to_attention, spec.from_attention
+    uses_kv = spec.uses(HeadCount.H_KV)
+    shape_params = ["N", "S_local", "H", "D", "dtype", "device=None"]
+    keywords = [*(["B"] if spec.has_batch else []), *(["H_kv"] if uses_kv else [])]
+    signature = ", ".join(shape_params) + (", *, " + ", ".join(keywords) if keywords else "")
+    forwarded = (
+        ", ".join(["N", "S_local", "H", "D", "dtype", "device"])
+        + (", B=B" if spec.has_batch else ", B=1")
+        + (", H_kv=H_kv" if uses_kv else ", H_kv=H")
+    )
+    return {
+        "ulysses": {kernel: kernel_context(spec, kernel) for kernel in KERNEL_DIRECTION},
+        "transport": spec.transport.value,
+        "has_exchange": spec.transport is Transport.ALL_TO_ALL_SINGLE,
+        "transport_desc": (
+            "one torch.distributed.all_to_all_single per buffer (peer is outermost)"
+            if spec.transport is Transport.ALL_TO_ALL_SINGLE
+            else "external: the caller moves the bytes (no exchange() here)"
+        ),
+        "local_desc": describe_tensors(spec.local, [*to_attention.tensors], "local"),
+        "local_out_desc": describe_tensors(spec.local, [*from_attention.tensors], "local"),
+        "attention_desc": describe_tensors(spec.attention, [*to_attention.tensors], "attention"),
+        "attention_out_desc": describe_tensors(spec.attention, [*from_attention.tensors], "attention"),
+        "wire_desc": describe_wire(to_attention),
+        "wire_out_desc": describe_wire(from_attention),
+        "local_axes": ", ".join(spec.local),
+        "attention_axes": ", ".join(spec.attention),
+        "tensor_names": [t.name for t in to_attention.tensors],
+        "tensor_out_names": [t.name for t in from_attention.tensors],
+        "alloc_signature": signature,
+        "alloc_forward": forwarded,
+        "has_batch": spec.has_batch,
+        "uses_kv": uses_kv,
+    }

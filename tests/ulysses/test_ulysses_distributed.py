@@ -1,0 +1,119 @@
+"""UlyssesExchange across real processes (gloo on CPU, spawned ranks, Triton interpreter), and the example.
+
+One spawn runs every check of the exchange (spawning and importing Triton cost more than the checks).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import REPO_ROOT, generated_module, requires_interpreter
+
+from layoutgen.ulysses import reference
+from layoutgen.ulysses.layout import Shape, UlyssesBuffers, tensor_shape
+
+pytestmark = requires_interpreter
+WORLD = 2
+
+
+def _shards(spec: Any, shape: Shape, seed: int) -> list[dict[str, torch.Tensor]]:
+    """Every rank's shards, the same on every rank (same seed)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [{t.name: torch.randn(tensor_shape(spec, shape, t, "local"), generator=generator).to(shape.dtype)
+             for t in spec.to_attention.tensors} for _ in range(shape.N)]  # fmt: skip
+
+
+def _expected(spec: Any, shape: Shape, shards: list[dict[str, torch.Tensor]], rank: int) -> dict[str, torch.Tensor]:
+    sends = [UlyssesBuffers.allocate(spec, "to_attention", shape) for _ in range(shape.N)]
+    for shard, send in zip(shards, sends, strict=True):
+        reference.scatter(shard, send)
+    return reference.gather(reference.exchange(sends)[rank])
+
+
+def _worker(rank: int, store: str, failures: Any) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=120))  # fmt: skip
+    from layoutgen.ulysses.distributed import UlyssesExchange
+
+    problems = []
+    try:
+        module = generated_module("ulysses_qkv_gqa")
+        spec = module.SPEC
+        exchange = UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4, dtype=torch.bfloat16, device="cpu")
+        for S_local in (2, 3, 2):  # shorter than S_max, the whole buffers, and the cached views again
+            shape = Shape(N=WORLD, S_local=S_local, H=4, H_kv=2, D=4, dtype=torch.bfloat16)
+            shards = _shards(spec, shape, seed=S_local)
+            got = exchange.to_attention(*shards[rank].values())
+            want = _expected(spec, shape, shards, rank)
+            if not all(
+                torch.equal(g.view(torch.int16), w.view(torch.int16)) for g, w in zip(got, want.values(), strict=True)
+            ):
+                problems.append(f"to_attention at S_local={S_local} differs from the reference")
+            mine = exchange.from_attention(got[0])
+            if not torch.equal(mine.view(torch.int16), shards[rank]["q"].view(torch.int16)):
+                problems.append(f"from_attention(to_attention(q)) is not q at S_local={S_local}")
+        shape = Shape(N=WORLD, S_local=3, H=4, H_kv=2, D=4, dtype=torch.bfloat16)
+        shards = _shards(spec, shape, seed=7)
+        send, recv = (
+            module.alloc(WORLD, 3, 4, 4, torch.bfloat16, H_kv=2),
+            module.alloc(WORLD, 3, 4, 4, torch.bfloat16, H_kv=2),
+        )
+        module.scatter(*shards[rank].values(), send)
+        module.exchange(send, recv)
+        if not all(
+            torch.equal(g, w)
+            for g, w in zip(module.gather(recv), _expected(spec, shape, shards, rank).values(), strict=True)
+        ):
+            problems.append("module.exchange delivered other bytes than the reference exchange")
+        try:
+            UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4 + 4 * rank, dtype=torch.bfloat16, device="cpu")
+            problems.append("ranks built with different D were not refused")
+        except ValueError as error:
+            if "disagrees with rank" not in str(error) or "D" not in str(error):
+                problems.append(f"unclear disagreement error: {error}")
+    except Exception as error:  # reported to the parent, after every rank finished its collectives
+        problems.append(f"{type(error).__name__}: {error}")
+    finally:
+        dist.destroy_process_group()
+    failures.put((rank, problems))
+
+
+def test_the_exchange_on_gloo_matches_the_reference() -> None:
+    context = mp.get_context("spawn")
+    failures = context.Queue()
+    with tempfile.TemporaryDirectory() as directory:
+        mp.start_processes(_worker, args=(os.path.join(directory, "store"), failures), nprocs=WORLD,
+                           start_method="spawn", join=True)  # fmt: skip
+    reports = dict(failures.get(timeout=10) for _ in range(WORLD))
+    assert reports == {rank: [] for rank in range(WORLD)}
+
+
+def test_the_example_runs_end_to_end_on_two_gloo_ranks() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "ulysses_attention.py"), "--device", "cpu"],
+        capture_output=True, text=True, timeout=180, check=False,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(": OK") == WORLD, result.stdout
+
+
+def test_without_torch_distributed_the_exchange_says_so() -> None:
+    from layoutgen.ulysses.distributed import UlyssesExchange
+
+    with pytest.raises(RuntimeError, match=r"torch\.distributed is not initialised"):
+        UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4, dtype=torch.bfloat16, device="cpu")
+    with pytest.raises(TypeError, match="pass H_kv"):
+        UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, D=4, dtype=torch.bfloat16, device="cpu")
+    with pytest.raises(ValueError, match="is of the dcp family"):
+        UlyssesExchange("vllm_a2a", S_max=3, H=4, D=4, dtype=torch.bfloat16, device="cpu")

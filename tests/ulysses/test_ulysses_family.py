@@ -1,0 +1,130 @@
+"""The Ulysses `FAMILY` as the shared machinery sees it: its declarations, default grid, tuning workload
+(gate and compile variants), and a tune under the interpreter whose decision dispatch then uses."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import generated_module, requires_interpreter
+from rich.console import Console
+
+from layoutgen.family import Family, get_family
+from layoutgen.runtime import configs, reset_caches
+from layoutgen.runtime.launch import Recorder
+from layoutgen.tuning.objective import Target
+from layoutgen.tuning.problem import Problem
+from layoutgen.ulysses.config import GatherConfig, ScatterConfig
+
+FAMILY = get_family("ulysses")
+
+
+def problem(spec_name: str, kernel: str, N: int = 2, Hl: int = 2, Hl_kv: int = 1, D: int = 8) -> Problem:
+    spec = generated_module(spec_name).SPEC
+    return Problem(spec, kernel, (("N", N), ("Hl", Hl), ("Hl_kv", Hl_kv), ("D", D)), "bfloat16")
+
+
+def test_the_family_is_registered_and_implements_the_interface() -> None:
+    assert isinstance(FAMILY, Family) and FAMILY.name == "ulysses"
+    described = FAMILY.describe()
+    assert list(described["kernels"]) == ["scatter", "gather", "scatter_out", "gather_out"]
+    assert described["key"] == ["N", "Hl", "Hl_kv", "D", "dtype", "S_local"]
+    assert all(kernel.exact for kernel in FAMILY.kernels)
+
+
+def test_the_default_grid_is_1080_studies_over_the_bundled_specs() -> None:
+    points = FAMILY.grid_points({}, interpret=False)
+    assert len(points) == 6 and {(p["H"], p["D"]) for p in points} == {(8, 64), (64, 128)}
+    assert {p["H_kv"] for p in points if p["H"] == 64} == {16} and {p["N"]: p["H_kv"] for p in points if p["H"] == 8} == {
+        2: 2, 4: 4, 8: 8}  # fmt: skip
+    studies = 0
+    for path in FAMILY.spec_dir.glob("*.yaml"):
+        spec = generated_module(path.stem).SPEC
+        for kernel in FAMILY.kernels:
+            keys = {tuple(FAMILY.key_shapes(spec, kernel.name, p, "bfloat16").items()) for p in points}
+            studies += len(keys) * len(FAMILY.bucket.defaults)
+    assert studies == 1080 and FAMILY.bucket.defaults[-1] == 65536
+
+
+def test_key_shapes_skip_what_a_spec_cannot_hold() -> None:
+    spec = generated_module("ulysses_qkv_gqa").SPEC
+    assert FAMILY.key_shapes(spec, "scatter", {"N": 4, "H": 8, "H_kv": 2, "D": 64}, "bfloat16") is None
+    assert FAMILY.key_shapes(spec, "scatter", {"N": 2, "H": 8, "H_kv": 2, "D": 64}, "bfloat16") == {
+        "N": 2, "Hl": 4, "Hl_kv": 1, "D": 64}  # fmt: skip
+    # The reverse kernels move only the H-headed output: their key does not depend on H_kv.
+    assert FAMILY.key_shapes(spec, "gather_out", {"N": 2, "H": 8, "H_kv": 2, "D": 64}, "bfloat16")["Hl_kv"] == 4
+
+
+def test_sizes_and_default_configs() -> None:
+    gather = problem("ulysses_qkv_gqa", "gather", N=2, Hl=4, Hl_kv=1, D=128)
+    assert FAMILY.bytes_moved(gather, 16) == 2 * 2 * 16 * (8 + 2 + 2) * 128
+    extents = FAMILY.space_extents(gather, 16)
+    assert extents.innermost == "dim" and extents.extents["head"] == 4 and extents.elem_bytes == 2
+    config = FAMILY.default_config(gather, 65536)
+    # 16-byte stores along the destination's innermost axis, about 8 KiB per program.
+    assert config.block_dim == 128 and config.block_head == 4 and config.block_seq == 8 and config.num_warps == 4
+    head_major = problem("yunchang_ulysses_head_major", "gather", N=2, Hl=4, Hl_kv=4, D=64)
+    assert FAMILY.space_extents(head_major, 16).innermost == "dim"
+    tiny = FAMILY.default_config(problem("deepspeed_ulysses", "scatter", N=8, Hl=1, Hl_kv=1, D=4), 1)
+    assert (tiny.block_peer, tiny.block_dim, tiny.num_warps) == (8, 4, 1)  # one program moves everything
+
+
+@requires_interpreter
+def test_the_gate_passes_the_kernels_and_catches_a_wrong_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = generated_module("yunchang_ulysses")
+    for kernel, config in (("scatter", ScatterConfig(block_seq=2, block_dim=4)), ("gather", GatherConfig(block_dim=2))):
+        workload = FAMILY.workload(Target(problem("yunchang_ulysses", kernel, Hl=2, Hl_kv=2, D=4), module), 3,
+                                   torch.device("cpu"), 1 << 20)  # fmt: skip
+        assert workload.gate(config, seed=1) is None
+        assert workload.gate(FAMILY.default_config(workload.problem, 3), seed=2) is None
+        launch = getattr(module, f"_launch_{kernel}")
+
+        def off_by_one(*args: Any, launch: Any = launch, scatters: bool = kernel == "scatter", **kwargs: Any) -> None:
+            launch(*args, **kwargs)
+            target = args[-3] if scatters else args[1]  # the send buffers, or the first output
+            tensor = next(iter(target.tensors.values())) if scatters else target
+            tensor.view(-1)[-1] += 1
+
+        monkeypatch.setattr(module, f"_launch_{kernel}", off_by_one)
+        assert "bytes differ" in (workload.gate(config, seed=3) or "")
+        monkeypatch.undo()
+
+
+def test_compile_variants_launch_on_meta_tensors() -> None:
+    module = generated_module("ulysses_qkv_gqa")
+    target = Target(problem("ulysses_qkv_gqa", "scatter", N=4, Hl=2, Hl_kv=1, D=8), module)
+    workload = FAMILY.workload(target, 5, torch.device("cpu"), 1 << 20)
+    config = ScatterConfig(block_seq=2, block_head=2, block_dim=8)
+    job = workload.compile_job(config)
+    recorder = Recorder()
+    FAMILY.compile_variant(module, {"kernel": job.kernel, "config": dict(job.config), **dict(job.args)}, recorder)
+    ((grid, args, kwargs),) = recorder.calls
+    assert grid == (3 * (1 + 1 + 1), 4)  # 3 seq blocks x (q's box + k's + v's); 4 peers
+    assert all(isinstance(a, torch.Tensor) and a.is_meta for a in args[:4]) and kwargs["KV_HEADS_PER_PEER"] == 1
+    other = FAMILY.workload(target, 64, torch.device("cpu"), 1 << 20)
+    assert other.compile_job(config).variant == job.variant  # one compile serves every S_local
+
+
+@requires_interpreter
+def test_a_tune_under_the_interpreter_is_what_dispatch_then_uses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from layoutgen.tuning import plan, runner
+    from layoutgen.tuning_db import read_database
+
+    monkeypatch.setenv("LAYOUTGEN_CACHE_DIR", str(tmp_path / "cache"))
+    options = plan.TuneOptions(specs=("ulysses_qkv_gqa",), kernels=("gather",), buckets=(3,), storage=str(tmp_path / "j"),
+                               db_dir=str(tmp_path / "db"), interpret=True, trials=2, exhaustive_limit=2, lookahead=1)  # fmt: skip
+    summary = runner.run(options, Console(file=io.StringIO(), width=120))
+    assert summary.gate_failures == 0 and summary.unfinished == 0 and summary.db_path is not None
+    (entry,) = read_database(summary.db_path).entries.values()
+    assert entry.key.as_str() == "ulysses|ulysses_qkv_gqa|gather|N=2|Hl=2|Hl_kv=1|D=8|bfloat16|S_local=3"
+    monkeypatch.setenv("LAYOUTGEN_TUNING_DB", str(summary.db_path.parent))
+    reset_caches()
+    module = generated_module("ulysses_qkv_gqa")
+    recv = module.alloc(2, 3, 4, 8, torch.bfloat16, H_kv=2)
+    assert module._dispatch.plan("gather", recv, None).config.as_dict() == entry.config
+    configs.reset()

@@ -1,0 +1,188 @@
+"""The generated Ulysses kernels against the torch reference, byte for byte, under the Triton interpreter.
+
+Every bundled spec, and random valid specs, through all four kernels on every rank: send buffers laid into
+canary-filled memory (the guard bytes around them, and every input, must not change), gather's outputs as
+strided views into canary-filled memory, N 1 to 8, S_local = 1, H/N = 1, odd sizes, strided inputs, the
+default config and small blocks (many programs, every branch of the program decomposition), 64-bit
+indexing; and the round trip through identity attention back to the shards.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from conftest import generated_module, render_module, requires_interpreter
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from ulysses_cases import (
+    BUNDLED,
+    STRIDE_KINDS,
+    default_configs,
+    make_shape,
+    run_pass,
+    same_bytes,
+    tiny_configs,
+)
+
+from layoutgen.runtime.tensors import needs_int64
+from layoutgen.spec import parse_spec
+from layoutgen.ulysses import reference
+from layoutgen.ulysses.config import ScatterConfig
+from layoutgen.ulysses.layout import UlyssesBuffers, tensor_shape
+
+pytestmark = requires_interpreter
+FAST = {"deadline": None, "derandomize": True}
+
+
+NAMES = ("q", "k", "v", "x", "gate", "out2")
+
+
+@st.composite
+def spec_data(draw: Any) -> dict[str, Any]:
+    """Any valid spec: axis orders, batch or not, transports, one to three tensors of either head count, a
+    buffer per tensor or a shared one with its tensor axis anywhere it may go."""
+    batch = draw(st.booleans())
+    base = ["seq", "head", "dim", *(["batch"] if batch else [])]
+    transport = draw(st.sampled_from(["all_to_all_single", "external"]))
+
+    def direction() -> dict[str, Any]:
+        count = draw(st.integers(1, 3))
+        names = draw(st.permutations(NAMES))[:count]
+        tensors = [{"name": n, "heads": draw(st.sampled_from(["H", "H_kv"]))} for n in names]
+        axes = [*draw(st.permutations(base))]
+        axes.insert(0 if transport == "all_to_all_single" else draw(st.integers(0, len(axes))), "peer")
+        if draw(st.booleans()):
+            low = 1 if transport == "all_to_all_single" else 0
+            position = draw(st.integers(low, len(axes)))
+            if len({t["heads"] for t in tensors}) > 1:
+                position = max(low, min(position, axes.index("head")))  # different head counts: head inside
+            axes.insert(position, "tensor")
+        return {"tensors": tensors, "wire": axes}
+
+    return {
+        "family": "ulysses",
+        "name": "random_ulysses",
+        "summary": "drawn by hypothesis",
+        "transport": transport,
+        "local": [*draw(st.permutations(base))],
+        "attention": [*draw(st.permutations(base))],
+        "to_attention": direction(),
+        "from_attention": direction(),
+    }
+
+
+def random_module(data: dict[str, Any], directory: Path) -> ModuleType:
+    spec = parse_spec(data, source="<hypothesis>")
+    return render_module(spec, directory)
+
+
+def round_trip_holds(module: Any, result: Any) -> None:
+    """Identity attention: gather_out returns, for each output, the shard of the first input with its heads."""
+    spec = module.SPEC
+    for tensor in spec.from_attention.tensors:
+        twin = next((t.name for t in spec.to_attention.tensors if t.heads is tensor.heads), None)
+        if twin is None:
+            continue
+        for rank, (shards, returned) in enumerate(zip(result.shards, result.returned, strict=True)):
+            assert same_bytes(returned[tensor.name], shards[twin]), f"round trip rank {rank}: {tensor.name} != {twin}"
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+@pytest.mark.parametrize(
+    ("N", "S_local", "heads", "kv_heads", "D", "dtype"),
+    [
+        (1, 2, 2, 1, 8, torch.bfloat16),  # one rank: the wire is a permutation of the shard
+        (2, 1, 1, 1, 6, torch.float16),  # S_local = 1, H/N = 1
+        (3, 5, 3, 1, 10, torch.float32),  # odd everything
+        (4, 3, 2, 2, 12, torch.bfloat16),
+        (8, 1, 1, 1, 4, torch.bfloat16),
+    ],
+)
+def test_bundled_specs_are_byte_exact(
+    name: str, N: int, S_local: int, heads: int, kv_heads: int, D: int, dtype: torch.dtype, generator: torch.Generator
+) -> None:
+    module = generated_module(name)
+    shape = make_shape(module.SPEC, N, S_local, heads, kv_heads, D, B=3, dtype=dtype)
+    round_trip_holds(module, run_pass(module, shape, generator, default_configs(), fresh=N <= 2))
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+@pytest.mark.parametrize("stride_kind", STRIDE_KINDS[1:])
+def test_strided_inputs_and_outputs(name: str, stride_kind: str, generator: torch.Generator) -> None:
+    """Non-contiguous shards, attention tensors and gather outputs (views into larger NaN or canary memory)."""
+    module = generated_module(name)
+    shape = make_shape(module.SPEC, N=2, S_local=3, heads=3, kv_heads=1, D=5, B=2)
+    round_trip_holds(module, run_pass(module, shape, generator, default_configs(), stride_kind, fresh=False))
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_small_blocks_take_every_branch_of_the_program_decomposition(name: str, generator: torch.Generator) -> None:
+    """Boxes smaller than every extent (many programs, masked edges, every tensor's branch), and boxes of one
+    element on a tiny shape (D = 1 too)."""
+    module = generated_module(name)
+    shape = make_shape(module.SPEC, N=2, S_local=3, heads=3, kv_heads=1, D=5, B=1)
+    blocks = {"block_peer": 2, "block_seq": 2, "block_head": 2, "block_dim": 4}
+    round_trip_holds(module, run_pass(module, shape, generator, tiny_configs(**blocks), "wide", fresh=False))
+    tiny = make_shape(module.SPEC, N=2, S_local=1, heads=1, kv_heads=1, D=1, B=2)
+    round_trip_holds(module, run_pass(module, tiny, generator, tiny_configs(), fresh=False))
+
+
+def test_every_tile_shape_of_the_shared_gqa_wire(generator: torch.Generator) -> None:
+    """The one-buffer q+k+v wire: boxes spanning several peers, heads and rows, with and without edges."""
+    module = generated_module("ulysses_qkv_gqa")
+    shape = make_shape(module.SPEC, N=3, S_local=3, heads=3, kv_heads=1, D=6)
+    for blocks in ({"block_peer": 4, "block_seq": 4, "block_head": 4, "block_dim": 8},
+                   {"block_peer": 2, "block_seq": 2, "block_head": 2, "block_dim": 4}):  # fmt: skip
+        run_pass(module, shape, generator, tiny_configs(**blocks), fresh=False)
+
+
+def test_64_bit_indexing_moves_the_same_bytes(generator: torch.Generator) -> None:
+    """INDEX_64 (chosen when an offset passes 2**31) through the launcher directly: the same bytes."""
+    module = generated_module("yunchang_ulysses_head_major")
+    spec = module.SPEC
+    shape = make_shape(spec, N=2, S_local=3, heads=2, kv_heads=1, D=4, B=2)
+    shards = {t.name: torch.randn(tensor_shape(spec, shape, t, "local"), generator=generator).to(shape.dtype)
+              for t in spec.to_attention.tensors}  # fmt: skip
+    want = UlyssesBuffers.allocate(spec, "to_attention", shape)
+    reference.scatter(shards, want)
+    for index_64 in (False, True):
+        got = UlyssesBuffers.allocate(spec, "to_attention", shape)
+        config = ScatterConfig(block_seq=2, block_head=1, block_dim=4, num_warps=1)
+        module._launch_scatter(*shards.values(), got, config, index_64)
+        assert all(same_bytes(got.tensors[n], want.tensors[n]) for n in want.tensors)
+    assert not needs_int64(*shards.values())
+
+
+def _random_case(data: dict[str, Any], draw: Any) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        module = random_module(data, Path(directory))
+        spec = module.SPEC
+        N = draw(st.sampled_from([1, 2, 3]))
+        shape = make_shape(spec, N, draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 2)),
+                           draw(st.integers(1, 6)), B=draw(st.integers(1, 2)),
+                           dtype=draw(st.sampled_from([torch.bfloat16, torch.float32])))  # fmt: skip
+        blocks = {
+            axis: draw(st.sampled_from([1, 2, 4])) for axis in ("block_peer", "block_seq", "block_head", "block_dim")
+        }
+        configs = draw(st.sampled_from([default_configs(), tiny_configs(**blocks)]))
+        stride_kind = draw(st.sampled_from(STRIDE_KINDS))
+        generator = torch.Generator().manual_seed(0)
+        round_trip_holds(module, run_pass(module, shape, generator, configs, stride_kind, fresh=False))
+
+
+@settings(max_examples=6, **FAST)
+@given(data=spec_data(), draw=st.data())
+def test_random_valid_specs_are_byte_exact(data: dict[str, Any], draw: Any) -> None:
+    _random_case(data, draw.draw)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None)
+@given(data=spec_data(), draw=st.data())
+def test_random_valid_specs_are_byte_exact_long_run(data: dict[str, Any], draw: Any) -> None:
+    _random_case(data, draw.draw)
