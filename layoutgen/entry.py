@@ -6,7 +6,8 @@ This module imports nothing but `signal` and `sys` before it installs its handle
 Ctrl-C at any moment prints `interrupted` and exits 130, and a SIGTERM prints `terminated` and exits 143.
 `layoutgen.cli.main` installs its own handlers once imported; these then cover only the start-up and
 the moments around it.  (What runs before this module -- the interpreter's start and the `layoutgen`
-package's own import, 10-20 ms together -- is out of any Python handler's reach.)
+package's own import, 15-30 ms together on an idle machine, measured -- is out of any Python handler's
+reach.)
 """
 
 from __future__ import annotations
