@@ -163,8 +163,7 @@ def _tensor_size(direction: DirectionSpec, group: _Group) -> str:
 
 def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     """Everything one kernel's template needs."""
-    direction_name = KERNEL_DIRECTION[kernel]
-    direction = spec.direction(direction_name)
+    direction = spec.direction(KERNEL_DIRECTION[kernel])
     source_side, destination_side = _KERNEL_SIDES[kernel]
     user_side = destination_side if destination_side != "wire" else source_side
     user_axes = spec.local if user_side == "local" else spec.attention
@@ -184,7 +183,7 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     ]
     user_terms = _user_offset(user_axes, user_side, index, user_side)
     source_terms, destination_terms = (wire_terms, user_terms) if source_side == "wire" else (user_terms, wire_terms)
-    user_strides = [axis for axis in user_axes[:-1]]
+    user_strides = list(user_axes[:-1])  # the innermost stride is 1 (checked), baked in
     shared = direction.shared
     takes_axis_size = shared and direction.wire.index("tensor") > 0
 
@@ -205,7 +204,7 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     tensors = []
     offset_terms: list[str] = []
     start_terms: list[str] = []
-    for position, tensor in enumerate(direction.tensors):
+    for tensor in direction.tensors:
         group = group_of[tensor.name]
         count = counts[tensor.heads]
         start = " + ".join(start_terms)
@@ -222,15 +221,12 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
             {
                 "name": tensor.name,
                 "const": group.const,
-                "group": group.count.value,
                 "condition": f"{variable} < {' + '.join([*start_terms, count])}",
                 "relative": relative,
                 "wire_pointer": wire_pointer,
-                "last": position == len(direction.tensors) - 1,
                 "user_strides": [f"{tensor.name}_stride_{axis}" for axis in user_strides],
                 "launch_strides": [f"{tensor.name}.stride({user_axes.index(axis)})" for axis in user_strides],
                 "size": _tensor_size(direction, group) if shared else "",
-                "shape": describe_tensor(user_axes, tensor, user_side),
             }
         )
         start_terms.append(count)
@@ -238,35 +234,29 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
 
     names = [t.name for t in direction.tensors]
     source_role, destination_role = source_side, destination_side
-    split = _SPLIT_AXIS[user_side]
     peer_meaning = (
         "Peer p's chunk holds heads p * HEADS ... p * HEADS + HEADS - 1 of the shard"
         if user_side == "local"
         else "Peer p's chunk holds rows p * seq_len ... p * seq_len + seq_len - 1 of the attention tensor"
     )
-    wire_desc = "wire " + ("[" + ", ".join(a if a != "tensor" else "tensor" for a in direction.wire) + "]")
+    wire_desc = f"wire [{', '.join(direction.wire)}]"
     user_desc = f"{user_side} [" + ", ".join(user_axes) + "]"
     source_desc, destination_desc = (wire_desc, user_desc) if source_side == "wire" else (user_desc, wire_desc)
-    fused_index = "tile" if fused == "x" else "outer"
     x_total = [counts[t.heads] for t in direction.tensors] if fused == "x" else (["tiles"] if inner_axes else [])
     y_total = [counts[t.heads] for t in direction.tensors] if fused == "y" else (["outer_tiles"] if outer_axes else [])
     return {
         "name": kernel,
-        "direction": direction_name,
         "kernel_name": f"_{kernel}_kernel",
         "tile_name": f"_{kernel}_tile",
         "launch_name": f"_launch_{kernel}",
         "source_role": source_role,
         "destination_role": destination_role,
         "user_side": user_side,
-        "user_axes": list(user_axes),
         "user_strides": user_strides,
-        "split": split,
         "peer_meaning": peer_meaning,
         "source_desc": source_desc,
         "destination_desc": destination_desc,
         "wire_desc": wire_desc,
-        "wire_axes": list(direction.wire),
         "wire_strides": {a: s for a, s in wire_strides.items() if s != "1"},
         "shared": shared,
         "takes_axis_size": takes_axis_size,
@@ -274,7 +264,6 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         "outer_axes": outer_axes,
         "inner_axes": inner_axes,
         "fused": fused,
-        "fused_index": fused_index,
         "expand": broadcast_index(tile_axes),
         "rank": rank,
         "block_count": {axis: block_count(axis, _TILE_EXTENT[axis]) for axis in tile_axes if axis != "seq"},
@@ -297,7 +286,6 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
             for g in groups
         ],
         "shared_tiles": tile_counts(inner_axes, None, "kernel"),
-        "shared_outer_tiles": tile_counts(outer_axes, None, "kernel"),
         "launch_shared_tiles": tile_counts(inner_axes, None, "launcher"),
         "launch_shared_outer_tiles": tile_counts(outer_axes, None, "launcher"),
         "x_total": " + ".join(x_total) if x_total else "",
@@ -345,5 +333,4 @@ def module_context(spec: UlyssesSpec) -> dict[str, Any]:
         "alloc_signature": signature,
         "alloc_forward": forwarded,
         "has_batch": spec.has_batch,
-        "uses_kv": uses_kv,
     }

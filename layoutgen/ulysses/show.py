@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from layoutgen.family import get_family
 from layoutgen.show.facts import WIDEST_STORE_BYTES, Facts
 from layoutgen.show.model import (
     Buffer,
@@ -41,14 +42,11 @@ SIZE_HINT = "Use smaller --N/--seq/--heads/--D: the pattern is the same at any s
 def drawing_shape(spec: UlyssesSpec, shape: Mapping[str, int]) -> Shape:
     """The drawing's Shape: the family's drawing defaults for extents not given, unknown ones refused; B is
     1 and H_kv is H in a spec without a batch axis or H_kv-headed tensors."""
-    from layoutgen.ulysses import UlyssesFamily
-
-    unknown = sorted(set(shape) - set(UlyssesFamily.show_shape))
+    defaults = get_family("ulysses").show_shape
+    unknown = sorted(set(shape) - set(defaults))
     if unknown:
-        raise ValueError(
-            f"a Ulysses drawing has no extent {', '.join(unknown)}; its extents: {', '.join(UlyssesFamily.show_shape)}"
-        )
-    values = {**UlyssesFamily.show_shape, **shape}
+        raise ValueError(f"a Ulysses drawing has no extent {', '.join(unknown)}; its extents: {', '.join(defaults)}")
+    values = {**defaults, **shape}
     if not spec.has_batch:
         if "B" in shape and shape["B"] != 1:
             raise ValueError(f"spec '{spec.name}' has no batch axis; leave B out")

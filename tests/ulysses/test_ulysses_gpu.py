@@ -81,3 +81,27 @@ def test_64_bit_indexing_compiles_and_moves_the_same_bytes() -> None:
         outs = [torch.empty_like(want[t.name]) for t in spec.to_attention.tensors]
         module._launch_gather(recv, *outs, config, index_64)
         assert all(same_bytes(o, want[t.name]) for o, t in zip(outs, spec.to_attention.tensors, strict=True))
+
+
+def test_offsets_past_2_to_the_31_take_64_bit_indexing() -> None:
+    """q [S_local, 64, 128] with S_local = 266240 holds 2.2e9 elements (4.4 GB): the plan switches to 64-bit
+    offsets, and scatter and gather still move exactly the reference's bytes."""
+    module = generated_module("ulysses_qkv_gqa")
+    spec = module.SPEC
+    shape = make_shape(spec, N=2, S_local=266240, heads=32, kv_heads=4, D=128)
+    generator = torch.Generator("cuda").manual_seed(0)
+    shards = [torch.randn(tensor_shape(spec, shape, t, "local"), device="cuda", generator=generator).to(shape.dtype)
+              for t in spec.to_attention.tensors]  # fmt: skip
+    send = alloc(module, shape, "to_attention", "cuda")
+    module.scatter(*shards, send)
+    assert module._dispatch.plan("scatter", tuple(shards), send).index_64
+    want = alloc(module, shape, "to_attention", "cuda")
+    reference.scatter(dict(zip(("q", "k", "v"), shards, strict=True)), want)
+    assert torch.equal(send.tensors["wire"].view(torch.int16), want.tensors["wire"].view(torch.int16))
+    del want, shards
+    torch.cuda.empty_cache()
+    gathered = module.gather(send)
+    expected = reference.gather(send)
+    assert all(
+        torch.equal(g.view(torch.int16), expected[n].view(torch.int16)) for g, n in zip(gathered, "qkv", strict=True)
+    )
