@@ -639,6 +639,11 @@ def _tiny_options(journal: Path, db: Path, **changes: Any) -> Any:
     return plan.TuneOptions(**fields)
 
 
+#: When the fixture's tune was killed (time.monotonic()): a trial it had asked for but not yet claimed is
+#: taken over by a later run only `claims.UNCLAIMED_STALE_AFTER_S` after that.
+_KILLED_AT: dict[str, float] = {}
+
+
 @pytest.fixture(scope="module")
 def killed_journal(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """The journal of a `tune` SIGKILLed once trials were measured: RUNNING trials of a dead worker."""
@@ -662,6 +667,7 @@ def killed_journal(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     finally:
         process.kill()
         process.communicate()
+        _KILLED_AT["tune"] = time.monotonic()
     data = journal.read_bytes()
     assert data.endswith(b"\n") and data.count(b"\n") > 10
     return data
@@ -763,9 +769,13 @@ def _expected_after_repair(journal: Path, tmp_path: Path) -> int:
 def test_tune_resumes_after_a_torn_journal_and_redoes_nothing_whole(
     killed_journal: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from layoutgen.tuning import claims
     from layoutgen.tuning.storage import open_storage
 
     monkeypatch.setenv("LAYOUTGEN_CACHE_DIR", str(tmp_path / "cache"))
+    # A trial the killed run asked for but had not claimed yet is another run's for 10 s: this run takes it
+    # over at once (test_the_tune_command_resumes_after_a_torn_journal waits instead).
+    monkeypatch.setattr(claims, "UNCLAIMED_STALE_AFTER_S", 0.0)
     journal, _, _ = _damaged_journal(tmp_path, killed_journal, 0.5)
     before = _expected_after_repair(journal, tmp_path)
     capsys.readouterr()
@@ -880,7 +890,10 @@ def test_an_oversized_journal_is_refused_naming_the_file_and_the_limit(tmp_path:
 
 @requires_interpreter
 def test_the_tune_command_resumes_after_a_torn_journal(killed_journal: bytes, tmp_path: Path) -> None:
+    from layoutgen.tuning.claims import UNCLAIMED_STALE_AFTER_S
+
     journal, _, _ = _damaged_journal(tmp_path, killed_journal, 0.3)
+    time.sleep(max(0.0, _KILLED_AT["tune"] + UNCLAIMED_STALE_AFTER_S + 0.5 - time.monotonic()))
     result = run_child(
         layoutgen_command(*_tune_args(journal, tmp_path / "db", buckets=("1",))),
         cwd=tmp_path,
