@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'deepspeed_ulysses'
 SPEC_HASH = 'a2ea1b81ab1aa8532c24caf83d74b6a57c66d07319162250655d97c453d48634'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': '445d7029f2bc68a82db1990b0abf29f1fc32a01bc27f433cf83380fa4df3adca', 'gather': '5ee6359dee2f765cbf83bff1a6d6a56f955719489f4345c7e14f784773577101', 'scatter_out': '1c0e0c210b38f43be2e3154d3b0a69d4f44188615cb0a7c87936e3c4e7b11bf8', 'gather_out': '45edc97dcc6da7d8c91b05760b7caadd4d8878436d216996d72285aa44322cc9'}
+SOURCE_HASHES = {'scatter': '445d7029f2bc68a82db1990b0abf29f1fc32a01bc27f433cf83380fa4df3adca', 'gather': '5ee6359dee2f765cbf83bff1a6d6a56f955719489f4345c7e14f784773577101', 'scatter_out': 'e64b38ed48e5517328d19127e55e758cff49678079ab88a0df72b0e1ed93abc3', 'gather_out': '91cc919f47c8adbbdec5444f530e57d6111e8c0e753b280c456ddbc99a391ba1'}
 SPEC_SUMMARY = "DeepSpeed-Ulysses' _SeqAllToAll with seq-first tensors [S, B, H, D]: one all_to_all_single per tensor over [peer, S_local, B, H/N, D]; attention reads [S, B, H/N, D] (token-major)."
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'deepspeed_ulysses', 'transport': 'all_to_all_single', 'local': ['seq', 'batch', 'head', 'dim'], 'attention': ['seq', 'batch', 'head', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -299,7 +299,6 @@ def _launch_scatter(q, k, v, bufs, config, index_64, kernel=_scatter_kernel):
     )
 
 
-
 @triton.jit
 def _gather_tile(
     wire_ptr,
@@ -545,7 +544,6 @@ def _launch_gather(bufs, q, k, v, config, index_64, kernel=_gather_kernel):
     )
 
 
-
 @triton.jit
 def _scatter_out_tile(
     attention_ptr,
@@ -697,7 +695,7 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
     tiles = blocks["batch"] * blocks["head"] * blocks["dim"]
     outer_tiles = blocks["peer"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles,
     )
     _runtime.check_grid("scatter_out", grid)
@@ -721,7 +719,6 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 @triton.jit
@@ -871,7 +868,7 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
     }
     tiles = blocks["batch"] * blocks["peer"] * blocks["head"] * blocks["dim"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         1,
     )
     _runtime.check_grid("gather_out", grid)
@@ -895,7 +892,6 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 _dispatch = _runtime.Dispatcher(

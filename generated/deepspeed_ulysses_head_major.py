@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'deepspeed_ulysses_head_major'
 SPEC_HASH = '4ce67c42bcfecd70332d7c397bdc1a20d5efbacb4250aaeeaf8f33395fb116a7'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': '445d7029f2bc68a82db1990b0abf29f1fc32a01bc27f433cf83380fa4df3adca', 'gather': '0d1029843bb829b8fae29ddf4f7ffe19698dd3c38e80185e6835a10d9a347a65', 'scatter_out': 'b8b757fb9242e64f5c46f8711dfdc5c96a1ea92b9b25591952475bb0fa0a0d49', 'gather_out': '45edc97dcc6da7d8c91b05760b7caadd4d8878436d216996d72285aa44322cc9'}
+SOURCE_HASHES = {'scatter': '445d7029f2bc68a82db1990b0abf29f1fc32a01bc27f433cf83380fa4df3adca', 'gather': 'd44fa4e4be7305e49b0eae393c4b80c4502b8017c25f0070a65eeb523c7e9dfd', 'scatter_out': 'e05ef1952492700406e0b3f2e573d155e8e7b847e9faed9e2c70260fc6399e74', 'gather_out': '91cc919f47c8adbbdec5444f530e57d6111e8c0e753b280c456ddbc99a391ba1'}
 SPEC_SUMMARY = "DeepSpeed-Ulysses' wire [peer, S_local, B, H/N, D] for seq-first shards [S, B, H, D], gathered head-major for attention kernels that read [B, H/N, S, D] (torch SDPA)."
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'deepspeed_ulysses_head_major', 'transport': 'all_to_all_single', 'local': ['seq', 'batch', 'head', 'dim'], 'attention': ['batch', 'head', 'seq', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -299,7 +299,6 @@ def _launch_scatter(q, k, v, bufs, config, index_64, kernel=_scatter_kernel):
     )
 
 
-
 @triton.jit
 def _gather_tile(
     wire_ptr,
@@ -511,7 +510,7 @@ def _launch_gather(bufs, q, k, v, config, index_64, kernel=_gather_kernel):
     tiles = blocks["dim"]
     outer_tiles = blocks["batch"] * blocks["head"] * blocks["peer"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles + outer_tiles + outer_tiles,
     )
     _runtime.check_grid("gather", grid)
@@ -545,7 +544,6 @@ def _launch_gather(bufs, q, k, v, config, index_64, kernel=_gather_kernel):
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 @triton.jit
@@ -699,7 +697,7 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
     tiles = blocks["batch"] * blocks["head"] * blocks["dim"]
     outer_tiles = blocks["peer"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles,
     )
     _runtime.check_grid("scatter_out", grid)
@@ -723,7 +721,6 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 @triton.jit
@@ -873,7 +870,7 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
     }
     tiles = blocks["batch"] * blocks["peer"] * blocks["head"] * blocks["dim"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         1,
     )
     _runtime.check_grid("gather_out", grid)
@@ -897,7 +894,6 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 _dispatch = _runtime.Dispatcher(

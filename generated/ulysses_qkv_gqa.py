@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'ulysses_qkv_gqa'
 SPEC_HASH = 'df3c019bc0899bca0fbc3cb74b66b9d439a56ca502e33e58dbb7cf9dc1ffc3f6'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'e0779a7fac9a1101233b7e39e85cee35355a1dc69cb3ed1a54273b923e10213a', 'gather': 'bec16105f103c2bee9cd80e4c4fc1d4b98308d972d1766bcbb34fc02a1f593fa', 'scatter_out': '6f568a858734fbaf2e22ab43538e13bcd20d5b3b5c8068ddb115259aaccc0286', 'gather_out': '227687e06495030a88ae243c1ef9f891a6526066e583263d55488951553b1365'}
+SOURCE_HASHES = {'scatter': 'e0779a7fac9a1101233b7e39e85cee35355a1dc69cb3ed1a54273b923e10213a', 'gather': 'bec16105f103c2bee9cd80e4c4fc1d4b98308d972d1766bcbb34fc02a1f593fa', 'scatter_out': '7c6f04a57b55368b0691c557daa658ed0319627e34f17610dfa77e7f4bd37065', 'gather_out': '6598d86e5326c2d3010656deec7492185f9ce2c5bf598341a20b5b01271881f3'}
 SPEC_SUMMARY = "q, k and v of a GQA model (H_kv heads of k and v) in one all_to_all_single: each peer's chunk holds q, then k, then v; packed tokens [S_local, H, D] as serving engines hold them, attention reads [S, H/N, D] (varlen flash attention)."
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'ulysses_qkv_gqa', 'transport': 'all_to_all_single', 'local': ['seq', 'head', 'dim'], 'attention': ['seq', 'head', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H_kv'}, {'name': 'v', 'heads': 'H_kv'}], 'wire': ['peer', 'tensor', 'seq', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'seq', 'head', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -279,7 +279,6 @@ def _launch_scatter(q, k, v, bufs, config, index_64, kernel=_scatter_kernel):
     )
 
 
-
 @triton.jit
 def _gather_tile(
     wire_ptr,
@@ -505,7 +504,6 @@ def _launch_gather(bufs, q, k, v, config, index_64, kernel=_gather_kernel):
     )
 
 
-
 @triton.jit
 def _scatter_out_tile(
     attention_ptr,
@@ -638,7 +636,7 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
     tiles = blocks["head"] * blocks["dim"]
     outer_tiles = blocks["peer"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles,
     )
     _runtime.check_grid("scatter_out", grid)
@@ -659,7 +657,6 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 @triton.jit
@@ -790,7 +787,7 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
     }
     tiles = blocks["peer"] * blocks["head"] * blocks["dim"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         1,
     )
     _runtime.check_grid("gather_out", grid)
@@ -811,7 +808,6 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 _dispatch = _runtime.Dispatcher(

@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'yunchang_ulysses'
 SPEC_HASH = '6a6c23818e0fd2697395c6056c2fd5681cbfb1969e9b1de79c00de51160e3a67'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'b87ff828ca24a8f6ecb3255f50d27ef99beba4c46a1449db35cef066a2aa15f2', 'gather': 'cce8e19352606dc57434acb4c806574547fdc0f30cb4639bf86ef3a49fbbd5fe', 'scatter_out': 'a6a296f2c2d5a3a2475ad046f503d979fafb320848ca3365aaef7bab464e2fd5', 'gather_out': 'c1d79355cf343ab029a1635fdc2f4ac6c85ce364464780b73d566c0a61b205c4'}
+SOURCE_HASHES = {'scatter': 'b87ff828ca24a8f6ecb3255f50d27ef99beba4c46a1449db35cef066a2aa15f2', 'gather': 'cce8e19352606dc57434acb4c806574547fdc0f30cb4639bf86ef3a49fbbd5fe', 'scatter_out': '63cad94ac58e47fc93faea9993d7a751887522b4bd7a146c14dc30d8be38a84b', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
 SPEC_SUMMARY = 'yunchang / xDiT all_to_all_4D with batch-first tensors [B, S, H, D]: before attention the wire is [peer, S_local, B, H/N, D], after it [peer, H/N, S_local, B, D]; attention reads [B, S, H/N, D].'
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'yunchang_ulysses', 'transport': 'all_to_all_single', 'local': ['batch', 'seq', 'head', 'dim'], 'attention': ['batch', 'seq', 'head', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'head', 'seq', 'batch', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -299,7 +299,6 @@ def _launch_scatter(q, k, v, bufs, config, index_64, kernel=_scatter_kernel):
     )
 
 
-
 @triton.jit
 def _gather_tile(
     wire_ptr,
@@ -545,7 +544,6 @@ def _launch_gather(bufs, q, k, v, config, index_64, kernel=_gather_kernel):
     )
 
 
-
 @triton.jit
 def _scatter_out_tile(
     attention_ptr,
@@ -697,7 +695,7 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
     tiles = blocks["batch"] * blocks["dim"]
     outer_tiles = blocks["peer"] * blocks["head"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles,
     )
     _runtime.check_grid("scatter_out", grid)
@@ -721,7 +719,6 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 @triton.jit
@@ -875,7 +872,7 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
     tiles = blocks["peer"] * blocks["head"] * blocks["dim"]
     outer_tiles = blocks["batch"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles,
     )
     _runtime.check_grid("gather_out", grid)
@@ -899,7 +896,6 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 _dispatch = _runtime.Dispatcher(

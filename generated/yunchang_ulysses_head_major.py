@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'yunchang_ulysses_head_major'
 SPEC_HASH = 'c2ecc7d2dba252ce502d09827f1aaaeb9ee9fd229e5a463cd94fc9801decd64c'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'b87ff828ca24a8f6ecb3255f50d27ef99beba4c46a1449db35cef066a2aa15f2', 'gather': '0d1029843bb829b8fae29ddf4f7ffe19698dd3c38e80185e6835a10d9a347a65', 'scatter_out': 'ffcbeb632e53248317f8c890823f632e21a60d56982497c30c417d4c06e9d8c6', 'gather_out': 'c1d79355cf343ab029a1635fdc2f4ac6c85ce364464780b73d566c0a61b205c4'}
+SOURCE_HASHES = {'scatter': 'b87ff828ca24a8f6ecb3255f50d27ef99beba4c46a1449db35cef066a2aa15f2', 'gather': 'd44fa4e4be7305e49b0eae393c4b80c4502b8017c25f0070a65eeb523c7e9dfd', 'scatter_out': '581ed00013dd3405ee6fe2f4fedcfa521cd45c6987604d6f9f428291a1a69588', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
 SPEC_SUMMARY = 'yunchang / xDiT all_to_all_4D wires for batch-first shards [B, S, H, D], gathered head-major for attention kernels that read [B, H/N, S, D] (torch SDPA).'
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'yunchang_ulysses_head_major', 'transport': 'all_to_all_single', 'local': ['batch', 'seq', 'head', 'dim'], 'attention': ['batch', 'head', 'seq', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'head', 'seq', 'batch', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -299,7 +299,6 @@ def _launch_scatter(q, k, v, bufs, config, index_64, kernel=_scatter_kernel):
     )
 
 
-
 @triton.jit
 def _gather_tile(
     wire_ptr,
@@ -511,7 +510,7 @@ def _launch_gather(bufs, q, k, v, config, index_64, kernel=_gather_kernel):
     tiles = blocks["dim"]
     outer_tiles = blocks["batch"] * blocks["head"] * blocks["peer"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles + outer_tiles + outer_tiles,
     )
     _runtime.check_grid("gather", grid)
@@ -545,7 +544,6 @@ def _launch_gather(bufs, q, k, v, config, index_64, kernel=_gather_kernel):
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 @triton.jit
@@ -699,7 +697,7 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
     tiles = blocks["batch"] * blocks["dim"]
     outer_tiles = blocks["peer"] * blocks["head"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles,
     )
     _runtime.check_grid("scatter_out", grid)
@@ -723,7 +721,6 @@ def _launch_scatter_out(out, bufs, config, index_64, kernel=_scatter_out_kernel)
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 @triton.jit
@@ -877,7 +874,7 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
     tiles = blocks["peer"] * blocks["head"] * blocks["dim"]
     outer_tiles = blocks["batch"]
     grid = (
-        triton.cdiv(bufs.S_local, config.block_seq) * (tiles),
+        triton.cdiv(bufs.S_local, config.block_seq) * tiles,
         outer_tiles,
     )
     _runtime.check_grid("gather_out", grid)
@@ -901,7 +898,6 @@ def _launch_gather_out(bufs, out, config, index_64, kernel=_gather_out_kernel):
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
 
 
 _dispatch = _runtime.Dispatcher(

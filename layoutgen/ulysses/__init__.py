@@ -48,6 +48,24 @@ from_attention:                  # scatter_out and gather_out
 * Buffers are dense and C-contiguous; the wire holds the tensors' own dtype (bfloat16, float16 or
   float32), byte for byte.
 
+A generated module (`layoutgen.load("ulysses_qkv_gqa")`) for the spec above:
+
+```python
+send, recv = (mod.alloc(N, S_local, H, D, dtype, device, H_kv=H_kv) for _ in range(2))  # B=... with batch
+mod.scatter(q, k, v, send)          # shards [S_local, H, D], [S_local, H_kv, D]: any strides, the last 1
+mod.exchange(send, recv, group)     # one all_to_all_single per buffer
+q, k, v = mod.gather(recv)          # [S, H/N, D], [S, H_kv/N, D]; out=(q, k, v) writes into given tensors
+send_out, recv_out = (mod.alloc_out(N, S_local, H, D, dtype, device, H_kv=H_kv) for _ in range(2))
+mod.scatter_out(out, send_out)      # attention output [S, H/N, D]
+mod.exchange(send_out, recv_out, group)
+mine = mod.gather_out(recv_out)     # [S_local, H, D]
+mod.attention_views(recv)           # where a wire already holds a side's layout: views, no copy
+```
+
+Every kernel call takes `config=None` (LAYOUTGEN_CONFIG, else the tuning database, else the heuristic
+default) and becomes a `torch.ops.layoutgen.ulysses_*` custom op under torch.compile;
+`layoutgen.ulysses.distributed.UlyssesExchange` runs both directions on static buffers.
+
 `FAMILY` is what the shared machinery calls.  The default tuning grid: N 2, 4, 8 x (H, D) in
 {(8, 64), (64, 128)} (H_kv = max(N, H/4) for H_kv-headed tensors) x S_local 1, 4, ..., 65536 (powers of
 four; dispatch maps a live B*S_local to the smallest tuned bucket >= it): 54 studies per spec and kernel,
