@@ -113,13 +113,16 @@ def worker(rank: int, args: argparse.Namespace, store: str) -> None:
         finite = bool(torch.isfinite(merged).all())
         ok = finite and float(out_error) <= 1 and float(lse_error) <= 1
         empty = sum(keys[rank::world_size].shape[0] == 0 for keys, _ in cache)
-        print(
+        line = (
             f"rank {rank}/{world_size} {args.spec} {backend}: merged {list(merged.shape)} {str(dtype)[6:]}, "
             f"{empty} of {args.batch} sequences without keys here, out error {float(out_error):.2f}x tolerance, "
-            f"lse error {float(lse_error):.2f}x tolerance: {'OK' if ok else 'MISMATCH'}",
-            flush=True,
+            f"lse error {float(lse_error):.2f}x tolerance: {'OK' if ok else 'MISMATCH'}"
         )
-        dist.barrier()
+        # Ranks printing at once interleave their writes; rank 0 prints every rank's line, in rank order.
+        lines: list[str | None] = [None] * world_size
+        dist.all_gather_object(lines, line)
+        if rank == 0:
+            print("\n".join(str(text) for text in lines), flush=True)
     finally:
         dist.destroy_process_group()
     if not ok:

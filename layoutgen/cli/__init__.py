@@ -8,7 +8,6 @@ or LAYOUTGEN_DEBUG=1) shows the traceback.  No user-supplied text is ever read a
 
 from __future__ import annotations
 
-import errno
 import signal
 import sys
 import threading
@@ -21,7 +20,7 @@ from layoutgen.cli import db as db_command
 from layoutgen.cli import families as families_command
 from layoutgen.cli import show as show_command
 from layoutgen.cli import tune as tune_command
-from layoutgen.cli.common import CommandFailed, debug, errors, expand_arguments, say
+from layoutgen.cli.common import CommandFailed, GuardedStdout, OutputClosed, debug, errors, expand_arguments, say
 from layoutgen.spec import SpecError
 
 __all__ = ["CommandFailed", "app", "main"]
@@ -67,9 +66,17 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _forget_caught_interrupts() -> None:
+    # CPython marks a KeyboardInterrupt that leaves exec() of a string as unhandled and then ends the process
+    # by SIGINT at exit, though the interrupt was caught here: dataclasses and namedtuple exec such strings
+    # while a library is imported or a class is made.  Every exec() of a string clears the mark first.
+    exec("None", {})
+
+
 def _exit_stopped() -> NoReturn:
     terminated = _stopped["by"] == signal.SIGTERM
     say("terminated" if terminated else "interrupted", "red", err=True)
+    _forget_caught_interrupts()
     sys.exit(143 if terminated else 130)
 
 
@@ -84,9 +91,11 @@ def main() -> None:
         for stop in (signal.SIGINT, signal.SIGTERM):
             if signal.getsignal(stop) not in (signal.SIG_IGN, None):
                 previous[stop] = signal.signal(stop, _on_signal)
+    stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
     try:
         _run()
     finally:
+        sys.stdout = stdout
         for stop, handler in previous.items():
             signal.signal(stop, handler)
 
@@ -108,7 +117,7 @@ def _run() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         _exit_stopped()
-    except BrokenPipeError:
+    except OutputClosed:
         _closed_pipe()
     except (typer.Exit, SystemExit) as done:
         code = getattr(done, "exit_code", getattr(done, "code", 0))
@@ -118,8 +127,6 @@ def _run() -> None:
     except Exception as error:  # a usage error from typer's click, or an unexpected failure
         if _stopped["by"] is not None:
             _exit_stopped()
-        if isinstance(error, OSError) and error.errno == errno.EPIPE:
-            _closed_pipe()
         # typer >= 0.29 vendors click, so usage errors are recognised by their interface, not their class.
         show, exit_code = getattr(error, "show", None), getattr(error, "exit_code", None)
         if callable(show) and isinstance(exit_code, int):
@@ -141,18 +148,18 @@ def _run() -> None:
 def _flush_or_closed() -> None:
     try:
         sys.stdout.flush()
-    except BrokenPipeError:
+    except OutputClosed:
         _closed_pipe()
 
 
 def _closed_pipe() -> NoReturn:
     """The reader of our output went away (`| head`): not an error.  Point stdout at /dev/null so that the
-    interpreter's final flush does not raise again, and exit 0."""
+    interpreter's final flush of what is still buffered does not fail again, and exit 0."""
     import os
 
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout): nothing to redirect
         pass
     sys.exit(0)

@@ -76,13 +76,13 @@ def build(
             for problem in problems:
                 say(problem, "red", err=True)
             raise CommandFailed(f"{len(problems)} generated file(s) out of date; run `layoutgen build`", code=1)
-        say(f"{len(planned)} generated file(s) up to date in {out_dir}", "green")
+        say(f"{len(planned)} generated file(s) up to date in {out_dir}", "green", wrap=False)
         return
     try:
         written = [item.path for item in planned if codegen.write_if_changed(item.path, item.content)]
     except OSError as error:
         raise bad_input(f"cannot write to {out_dir}: {error.strerror or error}") from error
-    say(f"{len(written)} written, {len(planned) - len(written)} unchanged in {out_dir}")
+    say(f"{len(written)} written, {len(planned) - len(written)} unchanged in {out_dir}", wrap=False)
     if verify:
         verify_modules([item.path for item in planned if item.spec is not None])
 
@@ -97,10 +97,6 @@ def verify_modules(paths: list[Path]) -> None:
     from layoutgen.loader import load_path
 
     where = f"{device}{', Triton interpreter' if device == 'cpu' else ''}"
-    table = Table(title=f"verified against each family's torch reference ({where})", title_justify="left")
-    for column in ("spec", "kernel", "result", "detail"):
-        table.add_column(column, overflow="fold")
-    failed: list[str] = []
     # Importing a module would write __pycache__/ next to it: `build --out D` writes D/<name>.py and nothing else.
     write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
@@ -113,17 +109,27 @@ def verify_modules(paths: list[Path]) -> None:
                 reports.append(get_family(module.SPEC.family).verify(module, device))
     finally:
         sys.dont_write_bytecode = write_bytecode
+    say(f"verified against each family's torch reference ({where}):")
+    kernel_width = max((len(check.kernel) for report in reports for check in report.checks), default=0)
     for report in reports:
-        for index, check in enumerate(report.checks):
-            table.add_row(
-                Text(report.spec_name if index == 0 else ""),
-                Text(check.kernel),
-                Text("ok", style="green") if check.passed else Text("FAILED", style="red"),
-                Text(check.detail),
-            )
-        failed += report.failures
-    console.print(table)
+        say(report.spec_name, "bold")
+        console.print(checks_table(report, kernel_width))
+    failed = [failure for report in reports for failure in report.failures]
     if failed:
         for failure in failed[:20]:
             say(failure, "red", err=True)
         raise CommandFailed(f"{len(failed)} verification failure(s)", code=1)
+
+
+def checks_table(report: Any, kernel_width: int) -> Table:
+    """A spec's checks, one row each: result, kernel, detail.  Under the spec's own line, so that no name is
+    shortened at 80 columns; only the detail wraps, within its column, on a narrow terminal."""
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
+    table.add_column("indent", width=1)
+    table.add_column("result", no_wrap=True, min_width=len("FAILED"))
+    table.add_column("kernel", no_wrap=True, min_width=kernel_width)
+    table.add_column("detail", overflow="fold")
+    for check in report.checks:
+        passed = Text("ok", style="green") if check.passed else Text("FAILED", style="red")
+        table.add_row("", passed, Text(check.kernel), Text(check.detail))
+    return table

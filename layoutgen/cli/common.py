@@ -18,6 +18,34 @@ errors = Console(stderr=True, soft_wrap=True, highlight=False)  # one error per 
 debug = {"on": False}
 
 
+class OutputClosed(Exception):
+    """The reader of stdout went away (`layoutgen ... | head`): not an error, the command just ends."""
+
+
+class GuardedStdout:
+    """sys.stdout while a command runs: a closed pipe surfaces as OutputClosed, which no library takes for
+    its own error (click turns a broken pipe into exit 1, rich into exit 1 too), so the entry point can end
+    the command with exit 0.  Everything else is the wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.stream.write(text))
+        except BrokenPipeError:
+            raise OutputClosed from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise OutputClosed from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 class CommandFailed(Exception):
     """A failure already explained to the user; carries the exit code (2: bad input, 1: a real failure)."""
 
@@ -30,9 +58,10 @@ def bad_input(message: str) -> CommandFailed:
     return CommandFailed(message, code=2)
 
 
-def say(text: str, style: str | None = None, *, err: bool = False) -> None:
-    """Print user-facing text that may hold paths, names or exception messages: never read as markup."""
-    (errors if err else console).print(text, style=style, markup=False, highlight=False)
+def say(text: str, style: str | None = None, *, err: bool = False, wrap: bool = True) -> None:
+    """Print user-facing text that may hold paths, names or exception messages: never read as markup.
+    `wrap=False` keeps a line whole (a table row is one line for grep, the terminal wraps it if it must)."""
+    (errors if err else console).print(text, style=style, markup=False, highlight=False, soft_wrap=not wrap or None)
 
 
 def resolve_spec(text: str) -> Any:

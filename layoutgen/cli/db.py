@@ -1,18 +1,23 @@
-"""`layoutgen db show` and `layoutgen db check`: read and validate the tuning database."""
+"""`layoutgen db show` and `layoutgen db check`: read and validate the tuning database.
+
+`show` prints a summary by default (one line per spec and kernel: how many entries, over how many shapes
+and sizes, whether they are current) and with `--entries` one line per entry under a line per shape; both
+fit 80 columns without shortening a name.  `--spec`, `--kernel` and `--shape` select entries.
+"""
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
-from layoutgen.cli.common import CommandFailed, bad_input, console
+from layoutgen.cli.common import CommandFailed, bad_input, console, parse_shape
 
 if TYPE_CHECKING:
-    from layoutgen.tuning_db import Expected, TuningEntry
+    from layoutgen.tuning_db import Expected, TuningEntry, TuningKey
 
 app = typer.Typer(
     name="db",
@@ -26,17 +31,31 @@ DbOption = Annotated[
     list[Path] | None,
     typer.Option(
         "--db",
+        metavar="DIR",
         help="A database directory (repeatable). Default: $LAYOUTGEN_TUNING_DB, then the packaged tuning_db/.",
     ),
 ]
 
 
-def _dirs(db: list[Path] | None) -> list[Path]:
-    if db:
-        return list(db)
-    from layoutgen.runtime.configs import database_dirs
+def say(text: str, style: str | None = None, *, wrap: bool = True) -> None:
+    """`layoutgen.cli.common.say` through this module's console (tests give it another width)."""
+    console.print(text, style=style, markup=False, highlight=False, soft_wrap=not wrap or None)
 
-    return database_dirs()
+
+def _dirs(db: list[Path] | None) -> list[Path]:
+    """The directories to read: the given ones, each of which must be a directory, else the defaults."""
+    if not db:
+        from layoutgen.runtime.configs import database_dirs
+
+        return database_dirs()
+    for directory in db:
+        if not directory.is_dir():
+            what = "is not a directory" if directory.exists() else "does not exist"
+            under_file = next((parent for parent in directory.parents if parent.is_file()), None)
+            if under_file is not None:
+                what = f"cannot exist: {under_file} is a file"
+            raise bad_input(f"--db {directory} {what}; pass a directory holding <device>.json files")
+    return list(db)
 
 
 def _expectations() -> dict[tuple[str, str], Expected]:
@@ -59,14 +78,18 @@ def _expectations() -> dict[tuple[str, str], Expected]:
     return expected
 
 
-def _entry_state(entry: TuningEntry, expected: dict[tuple[str, str], Expected]) -> str:
+def _entry_state(entry: TuningEntry, expected: dict[tuple[str, str], Expected]) -> tuple[str, str]:
+    """(state, why): "current", "not bundled" or "stale <reason>" and, when stale, the first problem."""
     from layoutgen.tuning_db import current_problems
 
     wanted = expected.get((entry.key.spec, entry.key.kernel))
     if wanted is None:
-        return "not bundled"
+        return "not bundled", "no bundled spec of that name: dispatch never reads it"
     problems = current_problems(entry, wanted)
-    return "current" if not problems else f"stale {problems[0][0]}"
+    if not problems:
+        return "current", ""
+    reason, detail = problems[0]
+    return f"stale {reason}", detail
 
 
 def _files(directories: list[Path], device: str | None) -> list[Path]:
@@ -83,18 +106,172 @@ def _files(directories: list[Path], device: str | None) -> list[Path]:
     return found
 
 
+def _selected(key: TuningKey, specs: set[str], kernels: set[str], shape: dict[str, list[int]]) -> bool:
+    if specs and key.spec not in specs:
+        return False
+    if kernels and key.kernel not in kernels:
+        return False
+    values = {**dict(key.extents), key.bucket_name: key.bucket}
+    return all(values.get(name) in wanted for name, wanted in shape.items())
+
+
+def _config_text(key: TuningKey, config: dict[str, int]) -> str:
+    """`block_head=4 block_dim=128 block_batch=1 num_warps=4 num_stages=1` as `head4 dim128 w4`: blocks by
+    axis in the kernel's declaration order, blocks of 1 and one stage left out (the legend says so)."""
+    order = list(config)
+    try:
+        from layoutgen.family import get_family
+
+        declared = get_family(key.family).kernel(key.kernel).config_type.field_names()
+        order = [name for name in declared if name in config] + [name for name in config if name not in declared]
+        order.sort(key=lambda name: not name.startswith("block_"))  # stable: blocks first, in declared order
+    except ValueError:  # an entry of a family or kernel this installation lacks: the file's order
+        pass
+    parts = []
+    for name in order:
+        value = config[name]
+        if name.startswith("block_"):
+            if value != 1:
+                parts.append(f"{name.removeprefix('block_')}{value}")
+        elif name == "num_warps":
+            parts.append(f"w{value}")
+        elif name != "num_stages" or value != 1:
+            parts.append(f"s{value}" if name == "num_stages" else f"{name}={value}")
+    return " ".join(parts) or "all blocks 1"
+
+
+def _state_counts(states: list[str]) -> str:
+    counts = Counter(states)
+    if len(counts) == 1:
+        return states[0]
+    return ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+
+
+def _table(rows: Sequence[tuple[str, ...]], right: set[int], indent: str = "  ") -> list[str]:
+    """Rows as lines of padded columns (two spaces apart); the last column is not padded."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        last = len(row) - 1
+        padded = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row[:last])]
+        lines.append(indent + "  ".join([*padded, row[last]]).rstrip())
+    return lines
+
+
+def _print_summary(entries: list[tuple[TuningEntry, str]]) -> None:
+    """One line per (spec, kernel): entries, over how many shapes and sizes, and their state."""
+    groups: dict[tuple[str, str, str], list[tuple[TuningEntry, str]]] = defaultdict(list)
+    for entry, state in entries:
+        groups[(entry.key.family, entry.key.spec, entry.key.kernel)].append((entry, state))
+    rows = [("spec", "kernel", "entries", "shapes", "sizes", "state")]
+    for (_, spec, kernel), members in sorted(groups.items()):
+        shapes = {entry.key.shape_text() for entry, _ in members}
+        sizes = {entry.key.bucket for entry, _ in members}
+        state = _state_counts([state for _, state in members])
+        rows.append((spec, kernel, str(len(members)), str(len(shapes)), str(len(sizes)), state))
+    for line in _table(rows, right={2, 3, 4}):
+        say(line, wrap=False)
+
+
+def _print_entries(entries: list[tuple[TuningEntry, str]]) -> None:
+    """A line per shape (spec, kernel, key extents, dtype), then a line per entry: size, timings, config.  An
+    entry whose line would not fit the console (a config of many large blocks) puts its config on a second,
+    indented line, so that nothing is cut or wrapped mid-word."""
+    groups: dict[tuple[str, ...], list[tuple[TuningEntry, str]]] = defaultdict(list)
+    for entry, state in entries:
+        key = entry.key
+        extents = " ".join(f"{name}={value}" for name, value in key.extents)
+        groups[(key.spec, key.kernel, extents, key.dtype)].append((entry, state))
+    say("  µs: the tuned config's median (p20-p80); speed-up over the default config")
+    say("  config: blocks per axis (1s left out), w num_warps, s num_stages (1 left out)")
+    rows: list[tuple[str, ...]] = [("size", "µs", "p20-p80", "speed-up", "trials", "config")]
+    headings = {}
+    for shape, members in sorted(groups.items()):
+        members.sort(key=lambda item: item[0].key.bucket)
+        states = [state for _, state in members]
+        label = " ".join(shape)
+        headings[len(rows)] = label if set(states) == {"current"} else f"{label}  ({_state_counts(states)})"
+        mixed = len(set(states)) > 1
+        for entry, state in members:
+            config = _config_text(entry.key, entry.config)
+            rows.append(
+                (
+                    f"{entry.key.bucket_name}={entry.key.bucket}",
+                    f"{entry.median_us:.2f}",
+                    f"{entry.p20_us:.2f}-{entry.p80_us:.2f}",
+                    f"{entry.default_us / entry.median_us:.2f}x" if entry.median_us > 0 else "-",
+                    str(entry.trials),
+                    f"{config}  ({state})" if mixed else config,
+                )
+            )
+    lines = _table(rows, right={0, 1, 2, 3, 4})
+    config_at = len(lines[0]) - len(rows[0][-1])
+    for index, (line, row) in enumerate(zip(lines, rows, strict=True)):
+        if index in headings:
+            say(headings[index], "bold")  # words: a narrow terminal wraps it between them
+        if len(line) > console.width and index:
+            say(line[:config_at].rstrip(), wrap=False)
+            say(" " * 6 + row[-1], wrap=False)
+        else:
+            say(line, wrap=False)
+
+
+def _explain_empty(
+    held: Iterable[TuningEntry], specs: set[str], kernels: set[str], shape: dict[str, list[int]]
+) -> None:
+    """Which filter matched nothing in this file, and what the file has instead."""
+    keys = [entry.key for entry in held]
+    found = {
+        "spec": {key.spec for key in keys},
+        "kernel": {key.kernel for key in keys},
+        "extent": {name for key in keys for name, _ in (*key.extents, (key.bucket_name, key.bucket))},
+    }
+    asked = {"spec": specs, "kernel": kernels, "extent": set(shape)}
+    for what, names in asked.items():
+        missing = sorted(names - found[what])
+        if missing:
+            say(f"  no entry has the {what} {', '.join(missing)}; the file's: {', '.join(sorted(found[what]))}")
+
+
 @app.command("show")
 def show(
     device: Annotated[
         str | None,
-        typer.Option("--device", help='Device name, e.g. "NVIDIA H200". Default: the current GPU, else every file.'),
+        typer.Option(
+            "--device",
+            metavar="NAME",
+            help='Device name, e.g. "NVIDIA H200". Default: the current GPU, else every file.',
+        ),
     ] = None,
     db: DbOption = None,
+    spec: Annotated[
+        list[str] | None, typer.Option("--spec", metavar="NAME", help="Only entries of this spec (repeatable).")
+    ] = None,
+    kernel: Annotated[
+        list[str] | None, typer.Option("--kernel", metavar="NAME", help="Only entries of this kernel (repeatable).")
+    ] = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shape",
+            metavar="NAME=V[,V...]",
+            help="Only entries with these key extents or sizes (repeatable), e.g. --shape N=4,8 --shape B=64.",
+        ),
+    ] = None,
+    entries: Annotated[
+        bool, typer.Option("--entries", help="One line per entry (config, timings) instead of the summary.")
+    ] = False,
 ) -> None:
-    """List the tuned entries: config, timings against the default config, and whether they are current."""
-    from layoutgen.tuning_db import DatabaseError, current_device, read_database
+    """Summarise the tuned entries per spec and kernel (whether they are current); --entries lists each."""
+    from layoutgen.tuning_db import DatabaseError, current_device, device_file_name, read_database
 
+    if device is not None:
+        try:
+            device_file_name(device)
+        except ValueError as error:
+            raise bad_input(f"--device: {error}") from None
     directories = _dirs(db)
+    wanted_shape = parse_shape(shape or [])
     if device is None:
         live = current_device()
         device = live[0] if live is not None else None
@@ -102,7 +279,7 @@ def show(
     if not files:
         where = ", ".join(str(d) for d in directories)
         what = f"for device {device!r}" if device else "(*.json)"
-        console.print(f"no tuning database {what} in {where}; dispatch uses heuristic defaults")
+        say(f"no tuning database {what} in {where}; dispatch uses heuristic defaults")
         return
     hashes = _expectations()
     broken = 0
@@ -110,30 +287,32 @@ def show(
         try:
             database = read_database(path)
         except DatabaseError as error:
-            console.print(f"[red]{escape(str(error))}[/red]")
+            say(str(error), "red", wrap=False)
             broken += 1
             continue
-        versions = ", ".join(f"{k} {v}" for k, v in sorted(database.versions.items()))
-        table = Table(
-            title=f"{path}: {database.device_name} (sm {database.compute_capability}); {versions}",
-            title_justify="left",
-        )
-        for column in ("key", "config", "median µs", "p20-p80 µs", "default µs", "speedup", "trials", "state"):
-            table.add_column(column)
-        for name, entry in database.entries.items():
-            state = _entry_state(entry, hashes)
-            speedup = entry.default_us / entry.median_us if entry.median_us > 0 else float("nan")
-            table.add_row(
-                escape(name),
-                escape(" ".join(f"{k}={v}" for k, v in sorted(entry.config.items()))),
-                f"{entry.median_us:.2f}",
-                f"{entry.p20_us:.2f}-{entry.p80_us:.2f}",
-                f"{entry.default_us:.2f}",
-                f"{speedup:.2f}x",
-                str(entry.trials),
-                state if state == "current" else f"[yellow]{state}[/yellow]",
-            )
-        console.print(table)
+        chosen = [
+            entry
+            for entry in database.entries.values()
+            if _selected(entry.key, set(spec or ()), set(kernel or ()), wanted_shape)
+        ]
+        selection = "" if len(chosen) == len(database.entries) else f", {len(chosen)} selected"
+        say(str(path), "bold", wrap=False)  # a path is printed whole, on its own line
+        say(f"  {database.device_name} (sm {database.compute_capability}), {len(database.entries)} entries{selection}")
+        if database.versions:
+            say("  last written with " + ", ".join(f"{k} {v}" for k, v in sorted(database.versions.items())))
+        if not chosen:
+            _explain_empty(database.entries.values(), set(spec or ()), set(kernel or ()), wanted_shape)
+        states = [(entry, *_entry_state(entry, hashes)) for entry in chosen]
+        if chosen:
+            pairs = [(entry, state) for entry, state, _ in states]
+            (_print_entries if entries else _print_summary)(pairs)
+        reasons = {state: why for _, state, why in states if why}
+        for state, why in sorted(reasons.items()):
+            say(f"  {state}: e.g. {why}")
+        if any(state.startswith("stale") for state in reasons):
+            say("  dispatch ignores stale entries; `layoutgen tune` tunes them again")
+    if not entries:
+        say("one line per entry: add --entries (select with --spec, --kernel, --shape N=4)")
     if broken:
         raise CommandFailed(f"{broken} tuning database file(s) cannot be read", code=1)
 
@@ -144,9 +323,6 @@ def check(db: DbOption = None) -> None:
     from layoutgen.tuning_db import DatabaseError, device_file_name, read_database
 
     directories = _dirs(db)
-    missing = [str(d) for d in (db or []) if not Path(d).is_dir()]
-    if missing:
-        raise bad_input(f"no such database directory: {', '.join(missing)}; check --db")
     files = _files(directories, None)
     hashes = _expectations()
     problems = 0
@@ -154,23 +330,20 @@ def check(db: DbOption = None) -> None:
         try:
             database = read_database(path)
         except DatabaseError as error:
-            console.print(f"[red]invalid[/red] {escape(str(error))}")
+            say(f"invalid {error}", "red", wrap=False)
             problems += 1
             continue
         expected = device_file_name(database.device_name)
         if path.name != expected:
-            console.print(
-                f"[red]invalid[/red] {path}: holds device {database.device_name!r}, which belongs in {expected}"
+            say(
+                f"invalid {path}: holds device {database.device_name!r}, which belongs in {expected}", "red", wrap=False
             )
             problems += 1
             continue
-        states: dict[str, int] = {}
-        for entry in database.entries.values():
-            state = _entry_state(entry, hashes)
-            states[state] = states.get(state, 0) + 1
-        summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items())) or "no entries"
-        console.print(f"[green]ok[/green] {escape(str(path))}: {escape(summary)}")
+        counts = Counter(_entry_state(entry, hashes)[0] for entry in database.entries.values())
+        summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items())) or "no entries"
+        say(f"ok {path}: {summary}", wrap=False)  # a path is never folded
     if not files:
-        console.print(f"no database files in {', '.join(str(d) for d in directories)} (an empty database is valid)")
+        say(f"no database files in {', '.join(str(d) for d in directories)} (an empty database is valid)")
     if problems:
         raise CommandFailed(f"{problems} invalid tuning database file(s)", code=1)

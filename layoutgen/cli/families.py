@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -19,7 +20,7 @@ def families(
 
     described = [family.describe() for family in registered()]
     if as_json:
-        say(json.dumps(described, indent=2))
+        sys.stdout.write(json.dumps(described, indent=2) + "\n")  # never wrapped: tools parse it
         return
     for entry in described:
         say(f"{entry['family']}: {entry['summary']}", "bold")

@@ -10,16 +10,21 @@ import typer
 
 from layoutgen.cli.common import bad_input, parse_shape, resolve_spec, say, single_values
 
-SpecArgument = Annotated[str, typer.Argument(help="A bundled spec name (e.g. pynccl_a2a) or a spec YAML file.")]
+SpecArgument = Annotated[
+    str, typer.Argument(metavar="SPEC", help="A bundled spec name (e.g. pynccl_a2a) or a spec YAML file.")
+]
 ShapeOption = Annotated[
     list[str] | None,
     typer.Option(
         "--shape",
+        metavar="NAME=VALUE",
         help="One extent of the drawing, NAME=VALUE (repeatable), e.g. --shape N=2; the family's aliases work "
         "too (DCP: --N, --batch, --heads, --D). Extents not given take the family's drawing defaults.",
     ),
 ]
-DtypeOption = Annotated[str | None, typer.Option("--dtype", help="Activation dtype. Default: the family's.")]
+DtypeOption = Annotated[
+    str | None, typer.Option("--dtype", metavar="DTYPE", help="Activation dtype. Default: the family's.")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for tools instead of the drawing.")]
 
 
@@ -40,7 +45,9 @@ def show(
     dtype: DtypeOption = None,
     png: Annotated[
         Path | None,
-        typer.Option("--png", help="Also write the drawing as a PNG (needs matplotlib: layoutgen\\[plot])."),
+        typer.Option(
+            "--png", metavar="FILE", help="Also write the drawing as a PNG (needs matplotlib: layoutgen[plot])."
+        ),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -71,8 +78,8 @@ def show(
 
 
 def diff(
-    spec_a: Annotated[str, typer.Argument(help="Layout A: a bundled spec name or a spec YAML file.")],
-    spec_b: Annotated[str, typer.Argument(help="Layout B: a bundled spec name or a spec YAML file.")],
+    spec_a: Annotated[str, typer.Argument(metavar="SPEC_A", help="Layout A: a bundled spec name or a spec YAML file.")],
+    spec_b: Annotated[str, typer.Argument(metavar="SPEC_B", help="Layout B: a bundled spec name or a spec YAML file.")],
     shape: ShapeOption = None,
     dtype: DtypeOption = None,
     runs: Annotated[bool, typer.Option("--runs", help="List every run, not only the summary.")] = False,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -10,6 +12,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from layoutgen.cli.common import CommandFailed, bad_input, console, errors, parse_shape, say
+from layoutgen.spec import SpecError
 
 
 def default_db_dir(interpret: bool) -> Path:
@@ -24,60 +27,130 @@ def default_db_dir(interpret: bool) -> Path:
     return root / "tuning_db"
 
 
+def check_spec_source(source: str) -> None:
+    """A `--spec` value is a bundled name, or a spec YAML or generated .py that is a regular file."""
+    from layoutgen.files import regular_file_problem
+    from layoutgen.spec import NAME_PATTERN, bundled_spec_paths, load_spec
+
+    path = Path(source)
+    if re.fullmatch(NAME_PATTERN, source) and not path.exists():
+        known = [p.stem for p in bundled_spec_paths()]
+        if source not in known:
+            raise bad_input(
+                f"--spec {source}: no bundled spec of that name and no such file; bundled: {', '.join(known)}"
+            )
+        return
+    problem = regular_file_problem(path)
+    if problem is not None:
+        raise bad_input(f"--spec {source}: {problem}; pass a bundled spec name, a spec .yaml or a generated .py")
+    if path.suffix in (".yaml", ".yml"):
+        load_spec(path)  # a SpecError is the usual report (exit 2)
+    elif path.suffix != ".py":
+        raise bad_input(f"--spec {source}: not a .yaml spec or a generated .py module")
+
+
+def check_writable_dir(directory: Path, what: str) -> None:
+    """`directory` exists (or can be created) and takes new files: tried with a temporary file in it or in its
+    nearest existing parent, which covers permissions, read-only file systems and paths under a regular file."""
+    import tempfile
+
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise bad_input(f"{what}: {existing} is {'not a directory' if existing == directory else 'a file'}")
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".layoutgen-probe-"):
+            pass
+    except OSError as error:
+        raise bad_input(f"{what}: cannot write to {existing} ({error.strerror or error})") from None
+
+
 def tune(
     spec: Annotated[
         list[str] | None,
         typer.Option(
-            "--spec", help="Bundled spec name, spec YAML or generated .py (repeatable). Default: all bundled."
+            "--spec",
+            metavar="NAME|FILE",
+            help="Bundled spec name, spec YAML or generated .py (repeatable). Default: all bundled.",
         ),
     ] = None,
     kernel: Annotated[
-        list[str] | None, typer.Option("--kernel", help="Kernel name, e.g. pack (repeatable). Default: all.")
+        list[str] | None,
+        typer.Option("--kernel", metavar="NAME", help="Kernel name, e.g. pack (repeatable). Default: all."),
     ] = None,
     shape: Annotated[
         list[str] | None,
         typer.Option(
             "--shape",
+            metavar="NAME=V[,V...]",
             help="Grid values of one axis, NAME=V[,V...] (repeatable), e.g. --shape N=4,8; axes not given take "
             "their family's defaults. Families' aliases work too (DCP: --N, --heads, --D). See `layoutgen families`.",
         ),
     ] = None,
-    dtype: Annotated[list[str] | None, typer.Option("--dtype", help="Activation dtype (repeatable).")] = None,
+    dtype: Annotated[
+        list[str] | None, typer.Option("--dtype", metavar="DTYPE", help="Activation dtype (repeatable).")
+    ] = None,
     bucket: Annotated[
         list[int] | None,
-        typer.Option("--bucket", min=1, help="Size buckets (repeatable; DCP alias --batch). Default: the family's."),
+        typer.Option(
+            "--bucket",
+            min=1,
+            metavar="SIZE",
+            help="Size buckets (repeatable; DCP alias --batch). Default: the family's.",
+        ),
     ] = None,
     trials: Annotated[
         int | None,
         typer.Option(
             "--trials",
             min=1,
-            help="Measured trials per TPE study (default 24). Spaces of at most --exhaustive-limit points are "
-            "searched exhaustively whatever this says.",
+            metavar="N",
+            help="Measured trials per TPE study (default 24). Not a cap: spaces of at most --exhaustive-limit "
+            "points are searched exhaustively (every point, plus the final re-timing) whatever this says.",
         ),
     ] = None,
     time_budget: Annotated[
         float | None,
-        typer.Option("--time-budget", min=1.0, help="Seconds of search for the whole run, split over families."),
+        typer.Option(
+            "--time-budget",
+            min=1.0,
+            metavar="SECONDS",
+            help="Seconds of search for the whole run, split over families.",
+        ),
     ] = None,
     exhaustive_limit: Annotated[
-        int | None, typer.Option("--exhaustive-limit", min=0, help="Search spaces this small exhaustively (64).")
+        int | None,
+        typer.Option("--exhaustive-limit", min=0, metavar="POINTS", help="Search spaces this small exhaustively (64)."),
     ] = None,
     storage: Annotated[
         str | None,
-        typer.Option("--storage", help="Optuna storage URL (postgresql://...) or journal file. Default: user cache."),
+        typer.Option(
+            "--storage",
+            metavar="URL|FILE",
+            help="Optuna storage URL (postgresql://...) or journal file. Default: user cache.",
+        ),
     ] = None,
     workers: Annotated[
-        str, typer.Option("--workers", help="'auto' (one process per visible GPU) or a count.")
+        str, typer.Option("--workers", metavar="auto|K", help="'auto' (one process per visible GPU) or a count.")
     ] = "auto",
     db: Annotated[
-        Path | None, typer.Option("--db", help="Tuning database directory. Default: the checkout's tuning_db/.")
+        Path | None,
+        typer.Option("--db", metavar="DIR", help="Tuning database directory. Default: the checkout's tuning_db/."),
     ] = None,
     interpret: Annotated[
-        bool, typer.Option("--interpret", help="Run the pipeline on CPU (Triton interpreter, tiny shapes).")
+        bool,
+        typer.Option(
+            "--interpret",
+            help="Run the pipeline on CPU (Triton interpreter, tiny shapes); its times are not kernel timings.",
+        ),
     ] = False,
-    report: Annotated[Path | None, typer.Option("--report", help="Also write the result tables as markdown.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Sampler seed (studies derive their own from it).")] = 0,
+    report: Annotated[
+        Path | None, typer.Option("--report", metavar="FILE", help="Also write the result tables as markdown.")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Sampler seed (studies derive their own from it).")
+    ] = 0,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the studies and their search plans; tune nothing.")
     ] = False,
@@ -99,6 +172,14 @@ def tune(
     if trials is not None and time_budget is not None:
         raise bad_input("give --trials or --time-budget, not both")
     grid = parse_shape(shape or [])
+    for source in spec or ():
+        check_spec_source(source)
+    db_dir = db if db is not None else default_db_dir(interpret)
+    if not dry_run:
+        # Found now, not after the whole search: where the decisions and the report go must take them.
+        check_writable_dir(db_dir, f"--db {db_dir}" if db is not None else f"the tuning database directory {db_dir}")
+        if report is not None:
+            check_writable_dir(report.parent, f"--report {report}")
     try:
         options = plan.TuneOptions(
             specs=tuple(spec or ()),
@@ -114,7 +195,7 @@ def tune(
             if exhaustive_limit is not None
             else (plan.INTERPRET_EXHAUSTIVE_LIMIT if interpret else plan.DEFAULT_EXHAUSTIVE_LIMIT),
             storage=storage,
-            db_dir=str(db if db is not None else default_db_dir(interpret)),
+            db_dir=str(db_dir),
             interpret=interpret,
             workers=resolve_workers(workers, interpret),
             lookahead=1 if interpret else 3,
@@ -124,6 +205,15 @@ def tune(
         )
     except ValueError as error:
         raise bad_input(str(error)) from None
+    if interpret:
+        # The generated kernels are defined when their module is imported: the interpreter must be on first.
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        plan.make_targets(options)  # every spec loads, no two share a name, every kernel and axis exists
+    except SpecError:
+        raise
+    except ValueError as error:
+        raise bad_input(str(error)) from None
     if dry_run:
         _print_plan(options)
         return
@@ -131,9 +221,9 @@ def tune(
         summary = run(options, console)
         if summary.db_path is not None:
             decided = sum(1 for row in summary.rows if row.chosen)
-            say(f"{decided} decision(s) recorded in {summary.db_path}")
+            say(f"{decided} decision(s) recorded in {summary.db_path}", wrap=False)
             if interpret:
-                say(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={summary.db_path.parent}")
+                say(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={summary.db_path.parent}", wrap=False)
     except (ValueError, RuntimeError) as error:
         raise bad_input(str(error)) from None
     except KeyboardInterrupt:
@@ -153,14 +243,15 @@ def tune(
 
 
 def _print_plan(options: object) -> None:
-    """One line per study: what it searches and how (fits any terminal width, survives `| head`)."""
+    """A line per compiled family, then its studies as aligned cells, as many to a line as fit the console
+    (80 columns through a pipe): nothing wraps or is cut, and `| head` shows whole lines."""
     from layoutgen.tuning.plan import TuneOptions, make_targets, search_plan, target_buckets
 
     if not isinstance(options, TuneOptions):
         raise TypeError(f"expected TuneOptions, got {type(options).__name__}")
     studies = trials = 0
     for target in make_targets(options):
-        say(target.problem.label, "bold")
+        say(target.problem.label, "bold", wrap=False)
         cells = []
         for bucket in target_buckets(options, target):
             planned = search_plan(target.problem, bucket, options)
@@ -168,9 +259,12 @@ def _print_plan(options: object) -> None:
             trials += planned.budget
             mode = "ex" if planned.mode == "exhaustive" else "tpe"
             cells.append(f"{target.problem.family.bucket.name}={bucket}: {mode} {planned.budget}/{planned.space_size}")
-        for start in range(0, len(cells), 3):
-            say("  " + "   ".join(cells[start : start + 3]))
-    say(f"{studies} studies, {trials} measured trials planned (ex: exhaustive; budget/feasible points)")
+        width = max(len(cell) for cell in cells) if cells else 0
+        per_line = max(1, (console.width - 2 + 3) // (width + 3))
+        for start in range(0, len(cells), per_line):
+            say("  " + "   ".join(cell.ljust(width) for cell in cells[start : start + per_line]).rstrip(), wrap=False)
+    say(f"{studies} studies, {trials} measured trials planned")
+    say("(ex: exhaustive, tpe: Optuna TPE; trials planned / feasible points)")
 
 
 def _exit_resumable() -> NoReturn:

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ class ResultRow:
         )
 
 
+#: The markdown report's columns, one row per study (a file has no width to fit).
 COLUMNS = (
     "kernel",
     "shape",
@@ -89,27 +90,38 @@ COLUMNS = (
     "% copy",
     "kept",
 )
+#: What the interpreter's tables keep: its wall-clock times measure the interpreter, not a kernel.
+UNTIMED_COLUMNS = ("kernel", "shape", "dtype", "size", "search", "kept")
+#: The terminal table's columns under each (kernel, shape, dtype) line.
+STUDY_COLUMNS = ("size", "search", "default µs", "tuned µs", "speed-up", "TB/s", "% copy", "kept")
+UNTIMED_STUDY_COLUMNS = ("size", "search", "kept")
+#: What the interpreter's results say instead of timings (lines that fit 80 columns).
+INTERPRETER_NOTE = (
+    "Triton interpreter: its wall-clock times are not kernel timings; none are shown.",
+    "The run tried the pipeline (compile, gate, search, decision), not what is fast.",
+)
+SEARCH_LEGEND = "search: ex = exhaustive, tpe = Optuna TPE, then the trials measured"
 
 
 def _number(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
-def row_cells(row: ResultRow) -> list[str]:
+def row_cells(row: ResultRow) -> dict[str, str]:
     fraction = row.copy_fraction
-    return [
-        row.kernel,
-        row.shape,
-        row.dtype,
-        f"{row.bucket_name}={row.bucket}",
-        f"{row.mode} {row.trials}",
-        _number(row.default_us),
-        _number(row.median_us),
-        _number(row.speedup, 2, "x"),
-        _number(row.tbps, 2),
-        "-" if fraction is None else f"{100 * fraction:.0f}%",
-        row.chosen or "nothing",
-    ]
+    return {
+        "kernel": row.kernel,
+        "shape": row.shape,
+        "dtype": row.dtype,
+        "size": f"{row.bucket_name}={row.bucket}",
+        "search": f"{'ex' if row.mode == 'exhaustive' else row.mode} {row.trials}",
+        "default µs": _number(row.default_us),
+        "tuned µs": _number(row.median_us),
+        "speed-up": _number(row.speedup, 2, "x"),
+        "TB/s": _number(row.tbps, 2),
+        "% copy": "-" if fraction is None else f"{100 * fraction:.0f}%",
+        "kept": row.chosen or "nothing",
+    }
 
 
 def by_spec(rows: list[ResultRow]) -> dict[str, list[ResultRow]]:
@@ -121,31 +133,64 @@ def by_spec(rows: list[ResultRow]) -> dict[str, list[ResultRow]]:
     return dict(sorted(grouped.items()))
 
 
-def result_tables(rows: list[ResultRow], title_suffix: str = "") -> list[Table]:
-    tables = []
+def _aligned(table: list[list[str]], left: set[int]) -> list[str]:
+    widths = [max(len(row[column]) for row in table) for column in range(len(table[0]))]
+    return [
+        "  ".join(cell.ljust(widths[i]) if i in left else cell.rjust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in table
+    ]
+
+
+def result_lines(rows: list[ResultRow], title_suffix: str = "", *, timed: bool = True, width: int = 80) -> list[str]:
+    """The terminal's result tables: per spec a title, per (kernel, shape, dtype) a line, and under it one
+    row per size bucket, all within `width` columns.  When the rows cannot fit `width` (a very narrow
+    terminal), one self-contained line per study instead, which the terminal wraps."""
+    columns = STUDY_COLUMNS if timed else UNTIMED_STUDY_COLUMNS
+    lines = [] if timed else list(INTERPRETER_NOTE)
     for spec, spec_rows in by_spec(rows).items():
-        table = Table(title=f"{spec}{title_suffix}")
-        for column in COLUMNS:
-            table.add_column(column, justify="left" if column in ("kernel", "dtype", "search", "kept") else "right")
-        for row in spec_rows:
-            cells = row_cells(row)
-            if row.chosen is None:
-                cells[-1] = "[red]nothing[/red]"
-            table.add_row(*cells)
-        tables.append(table)
-    return tables
+        cells = [row_cells(row) for row in spec_rows]
+        # One family per spec, so one size name: it heads the column, the rows hold the numbers.
+        header = [spec_rows[0].bucket_name if name == "size" else name for name in columns]
+        sizes = [{**cell, "size": str(row.bucket)} for cell, row in zip(cells, spec_rows, strict=True)]
+        table = [header] + [[cell[name] for name in columns] for cell in sizes]
+        body = ["    " + line for line in _aligned(table, left={1, len(columns) - 1})]
+        if max(len(line) for line in body) > width:
+            lines.append(f"{spec}{title_suffix}")
+            lines += [
+                f"  {cell['kernel']} {cell['shape']} {cell['dtype']} "
+                + ", ".join(f"{name} {cell[name]}" for name in columns)
+                for cell in cells
+            ]
+            continue
+        lines += [f"{spec}{title_suffix}", body[0]]
+        heading = None
+        for row, line in zip(spec_rows, body[1:], strict=True):
+            group = f"  {row.kernel} {row.shape} {row.dtype}"
+            if group != heading:
+                lines.append(group)
+                heading = group
+            lines.append(line)
+    if rows:
+        lines.append(SEARCH_LEGEND)
+    return lines
 
 
-def summary_lines(rows: list[ResultRow]) -> list[str]:
-    """Per spec and kernel: geometric-mean speed-up over the default and how often the tuned config won."""
+def summary_lines(rows: list[ResultRow], *, timed: bool = True) -> list[str]:
+    """Per spec and kernel: geometric-mean speed-up over the default (timed runs only) and how often the tuned
+    config was kept."""
     lines = []
     for spec, spec_rows in by_spec(rows).items():
         for kernel in dict.fromkeys(r.kernel for r in spec_rows):
-            ratios = [r.speedup for r in spec_rows if r.kernel == kernel and r.speedup]
+            mine = [r for r in spec_rows if r.kernel == kernel]
+            tuned = sum(1 for r in mine if r.chosen == "tuned")
+            ratios = [r.speedup for r in mine if r.speedup]
+            if not timed:
+                decided = sum(1 for r in mine if r.chosen)
+                lines.append(f"{spec} {kernel}: {decided} of {len(mine)} studies decided; tuned config kept in {tuned}")
+                continue
             if not ratios:
                 continue
             geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-            tuned = sum(1 for r in spec_rows if r.kernel == kernel and r.chosen == "tuned")
             lines.append(
                 f"{spec} {kernel}: geomean speed-up {geomean:.3f}x over the default in {len(ratios)} studies; "
                 f"tuned config kept in {tuned}"
@@ -153,11 +198,13 @@ def summary_lines(rows: list[ResultRow]) -> list[str]:
     return lines
 
 
-def markdown(rows: list[ResultRow], header: list[str]) -> str:
-    lines = [*header, "", *(f"* {line}" for line in summary_lines(rows)), ""]
+def markdown(rows: list[ResultRow], header: list[str], *, timed: bool = True) -> str:
+    columns = COLUMNS if timed else UNTIMED_COLUMNS
+    notes = [] if timed else [" ".join(INTERPRETER_NOTE), ""]
+    lines = [*header, "", *notes, *(f"* {line}" for line in summary_lines(rows, timed=timed)), ""]
     for spec, spec_rows in by_spec(rows).items():
-        lines += [f"## {spec}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(row_cells(row)) + " |" for row in spec_rows]
+        lines += [f"## {spec}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(row_cells(row)[name] for name in columns) + " |" for row in spec_rows]
         lines.append("")
     return "\n".join(lines)
 
@@ -165,8 +212,10 @@ def markdown(rows: list[ResultRow], header: list[str]) -> str:
 class ProgressReporter:
     """An overall bar plus one bar per study in progress (rich); errors print above the bars."""
 
-    def __init__(self, console: Console, total: int) -> None:
+    def __init__(self, console: Console, total: int, *, timed: bool = True) -> None:
         self.console = console
+        #: Under the interpreter the best time is no kernel timing: the bars show trials only.
+        self.timed = timed
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -188,7 +237,7 @@ class ProgressReporter:
         self.progress.stop()
 
     def update(self, name: str, label: str, evaluated: int, budget: int, best_us: float | None, done: bool) -> None:
-        best = "" if best_us is None else f"best {best_us:.2f} µs"
+        best = "" if best_us is None or not self.timed else f"best {best_us:.2f} µs"
         if done:
             if name in self.done:
                 return
@@ -199,17 +248,17 @@ class ProgressReporter:
             self.progress.advance(self.overall)
             if not self.console.is_terminal:  # a log file gets one line per finished study instead of bars
                 total = self.progress.tasks[0].total
-                self.console.print(
-                    f"[{len(self.done)}/{total:g}] {escape(label)}: {evaluated} trials, {best or 'no result'}"
-                )
+                outcome = f", {best or 'no result'}" if self.timed else ""
+                self.console.print(f"[{len(self.done)}/{total:g}] {label}: {evaluated} trials{outcome}", markup=False)
             return
         task = self.tasks.get(name)
         if task is None:
+            # A task's description is rendered as markup: the label (a spec's name) is escaped.
             task = self.tasks[name] = self.progress.add_task(escape(label), total=max(budget, 1), best=best)
         self.progress.update(task, completed=min(evaluated, budget), total=max(budget, 1), best=best)
 
     def error(self, message: str) -> None:
-        self.progress.console.print(f"[red]error:[/red] {escape(message)}")
+        self.progress.console.print(Text.assemble(("error:", "red"), " ", message))
 
     def info(self, message: str) -> None:
-        self.progress.console.print(escape(message))
+        self.progress.console.print(message, markup=False)

@@ -3,6 +3,7 @@ then write the decisions into the tuning database and print the tables."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -19,7 +20,7 @@ from rich.markup import escape
 from layoutgen.signals import sigterm_interrupts
 from layoutgen.tuning.plan import TuneOptions, database_entries, decided, make_targets, study_name, target_buckets
 from layoutgen.tuning.procedure import MAX_ROTATING_SETS
-from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_tables, summary_lines
+from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_lines, summary_lines
 from layoutgen.tuning.results import collect, study_state
 from layoutgen.tuning.storage import describe_storage, open_storage
 from layoutgen.tuning.worker import GATE_FAILURE_EXIT
@@ -133,12 +134,15 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
             options = dataclasses.replace(options, skip=tuple(current))
             console.print(
                 f"{len(current)} of {total} studies already have a current decision in "
-                f"{options.db_dir}: skipped (--retune tunes them again)"
+                f"{options.db_dir}: skipped (--retune tunes them again)",
+                markup=False,
+                soft_wrap=True,  # a path is never folded
             )
         if retimed:
             console.print(
                 f"{retimed} database entries were tuned under other conditions than this tuner's (another "
-                "search space, timing procedure, number of rotating input sets, triton or torch): tuned again"
+                "search space, timing procedure, number of rotating input sets, triton or torch): tuned again",
+                markup=False,
             )
     storage = open_storage(options.storage)
     names = []
@@ -153,19 +157,20 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 prepare_study(storage, options, device_name, target, bucket, recorded)
                 names.append(name)
     if not names:
-        console.print("nothing to tune: every study of this run is decided in the database")
+        console.print("nothing to tune: every study of this run is decided in the database", markup=False)
         return RunSummary([], device_name, None, 0, 0)
     console.print(
-        escape(
-            f"tuning {len(names)} studies ({len(targets)} compiled families and their size buckets"
-            + (f", less {len(skip)} decided" if skip else "")
-            + f") on {device_name}; studies in {describe_storage(options.storage)}; {options.workers} worker(s)"
-        )
+        f"tuning {len(names)} studies ({len(targets)} compiled families and their size buckets"
+        + (f", less {len(skip)} decided" if skip else "")
+        + f") on {device_name}; studies in {describe_storage(options.storage)}; {options.workers} worker(s)",
+        markup=False,
+        soft_wrap=True,  # a path is never folded
     )
     gate_failures = 0
     worker_errors: list[str] = []
     interrupted = False
-    reporter = ProgressReporter(console, total=len(names))
+    timed = not options.interpret
+    reporter = ProgressReporter(console, total=len(names), timed=timed)
     try:
         with reporter, sigterm_interrupts():
             if options.workers <= 1:
@@ -183,31 +188,48 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     if rows and not interrupted:
         copy = next((r.copy_tbps for r in rows if r.copy_tbps), None)
         suffix = f" ({device_name}" + (f", copy {copy:.2f} TB/s)" if copy else ")")
-        # A log file (no terminal) gets the tables at full width rather than squeezed into 80 columns.
-        wide = console if console.is_terminal else Console(file=console.file, width=max(console.width, 150))
-        for table in result_tables(rows, suffix):
-            wide.print(table)
-        for line in summary_lines(rows):
-            console.print(line)
+        # Rows are whole lines (grep, `| head`); the tables fit the console, or fall back to a line per study.
+        for line in result_lines(rows, suffix, timed=timed, width=console.width):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        for line in summary_lines(rows, timed=timed):
+            console.print(line, markup=False, highlight=False)
     if options.report and rows:
         from layoutgen.tuning_db import software_versions, utc_now
 
         copy = next((r.copy_tbps for r in rows if r.copy_tbps), None)
-        timer = "wall clock under the Triton interpreter" if options.interpret else "CUDA-graph replays"
         header = [
             f"# layoutgen tune: {device_name}",
             "",
             f"{utc_now()}; {', '.join(f'{k} {v}' for k, v in software_versions().items())}; "
             f"{len(rows)} studies; device copy bandwidth "
             + (f"{copy:.2f} TB/s (read + write)." if copy else "not measured."),
-            "",
-            f"Timing: {timer}, median per call; inputs rotate over up to {MAX_ROTATING_SETS} sets while one call's "
-            'bytes fit in twice the L2 cache. "tuned µs" is the recorded config\'s median from the final interleaved '
-            're-timing with the default; "kept" says which config the database holds.',
         ]
-        Path(options.report).write_text(markdown(rows, header) + "\n", encoding="utf-8")
+        if timed:
+            header += [
+                "",
+                f"Timing: CUDA-graph replays, median per call; inputs rotate over up to {MAX_ROTATING_SETS} sets "
+                "while one call's bytes fit in twice the L2 cache. \"tuned µs\" is the recorded config's median from "
+                'the final interleaved re-timing with the default; "kept" says which config the database holds.',
+            ]
+        write_report(Path(options.report), markdown(rows, header, timed=timed) + "\n")
     unfinished = sum(1 for row in rows if row.chosen is None)
     return RunSummary(rows, device_name, db_path, gate_failures, unfinished, worker_errors, interrupted)
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write the markdown report whole: into a temporary file beside it, then renamed over it."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
 
 
 def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter: Any) -> tuple[int, list[str]]:
