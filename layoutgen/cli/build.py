@@ -47,11 +47,14 @@ def build(
     spec: Annotated[
         list[str] | None,
         typer.Option(
-            "--spec", help="A bundled spec name or a spec YAML file (repeatable). Default: every bundled spec."
+            "--spec",
+            metavar="NAME|FILE",
+            help="A bundled spec name or a spec YAML file (repeatable). Default: every bundled spec.",
         ),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output directory. Default: the checkout's generated/.")
+        Path | None,
+        typer.Option("--out", metavar="DIR", help="Output directory. Default: the checkout's generated/."),
     ] = None,
     check: Annotated[bool, typer.Option("--check", help="Write nothing; fail listing stale files.")] = False,
     verify: Annotated[

@@ -179,7 +179,13 @@ def tune(
         # Found now, not after the whole search: where the decisions and the report go must take them.
         check_writable_dir(db_dir, f"--db {db_dir}" if db is not None else f"the tuning database directory {db_dir}")
         if report is not None:
-            check_writable_dir(report.parent, f"--report {report}")
+            from layoutgen.tuning.runner import check_report_path
+
+            check_writable_dir(report.parent, f"--report {report}")  # names a regular file in the way
+            try:
+                check_report_path(report)
+            except ValueError as error:
+                raise bad_input(str(error)) from None
     try:
         options = plan.TuneOptions(
             specs=tuple(spec or ()),
