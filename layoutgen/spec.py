@@ -157,7 +157,29 @@ def parse_spec(data: Any, source: str = "<spec>") -> Any:
     try:
         return family.spec_model.model_validate(dict(data))
     except ValidationError as error:
-        raise SpecError(source, _problems_from(error)) from None
+        problems = _problems_from(error)
+        if "family" not in data:
+            problems = _family_hint(data, family_name) + problems
+        raise SpecError(source, problems) from None
+
+
+def _family_hint(data: Mapping[str, Any], assumed: str) -> list[tuple[str, str]]:
+    """A spec without `family:` whose keys are all another family's: say which (its problems alone would
+    only list the assumed family's missing keys)."""
+    keys = set(data)
+    matches = [
+        family.name
+        for family in families()
+        if family.name != assumed and keys <= set(family.spec_model.model_fields) and keys - {"name", "summary"}
+    ]
+    if not matches:
+        return []
+    return [
+        (
+            "family",
+            f"missing, so `{assumed}` was assumed; these keys are the {matches[0]} family's: add `family: {matches[0]}`",
+        )
+    ]
 
 
 _PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")

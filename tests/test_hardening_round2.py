@@ -411,13 +411,6 @@ def test_dispatch_never_raises_because_of_the_database_file(
 
 
 @requires_interpreter
-@pytest.mark.xfail(
-    strict=True,
-    reason="layoutgen/runtime/configs.py::_database skips a path that is not a regular file as if absent "
-    "(`path.is_file()`), so a FIFO, device link, directory or socket at the database path is ignored silently "
-    "for CPU tensors (and named 'no tuning database' on a GPU); fix: `exists = os.path.lexists(path)`, letting "
-    "read_database's FileRefused reason reach the warning",
-)
 def test_dispatch_warns_once_naming_a_database_that_is_not_a_regular_file(
     dispatch_over_hostile_databases: tuple[Path, dict[str, Any]],
 ) -> None:
@@ -1276,12 +1269,6 @@ def test_plain_decimal_integers_are_read_as_written(written: str) -> None:
 
 
 @requires_interpreter
-@pytest.mark.xfail(
-    strict=True,
-    reason="layoutgen/tuning/plan.py::make_targets compares module files, and two spec YAMLs of one name render "
-    "to the same <cache>/generated/<name>.py, so the second silently reuses the first's module; fix: refuse "
-    "when a second, different source (resolved YAML/.py path or bundled name) yields a spec name already seen",
-)
 def test_tune_refuses_two_spec_files_of_one_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from layoutgen.tuning import plan
 

@@ -43,7 +43,8 @@ from layoutgen.spec import (
     parse_spec_text,
 )
 
-BUNDLED = bundled_specs()
+#: The DCP family's bundled specs: the module shapes and fuzzed fields below are DCP's.
+BUNDLED = {name: spec for name, spec in bundled_specs().items() if spec.family == "dcp"}
 PARSE_EXAMPLES, PARSE_EXAMPLES_SLOW = 200, 5000  # per strategy; four strategies
 RENDER_EXAMPLES, RENDER_EXAMPLES_SLOW = 10, 150
 FAST = {"deadline": None, "derandomize": True, "suppress_health_check": list(HealthCheck)}

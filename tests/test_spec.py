@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import yaml
-from conftest import NPU_LIKE_SPEC_FIELDS, generated_module, make_spec
+from conftest import NPU_LIKE_SPEC_FIELDS, REPO_ROOT, generated_module, make_spec
 
 from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.dcp.spec import DcpSpec
@@ -243,8 +243,11 @@ def test_valid_specs_fill_defaults():
 
 def test_bundled_specs_are_the_documented_ones():
     specs = bundled_specs()
-    assert sorted(specs) == ["flashinfer_mnnvl", "pynccl_a2a", "pynccl_a2a_aligned", "vllm_a2a"]
+    assert {"flashinfer_mnnvl", "pynccl_a2a", "pynccl_a2a_aligned", "vllm_a2a"} <= set(specs)
     assert [p.stem for p in bundled_spec_paths()] == sorted(specs)
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    undocumented = [name for name in specs if f"`{name}`" not in readme]
+    assert not undocumented, f"README's spec tables lack {undocumented}"
     assert specs["pynccl_a2a"].payload.axes == ("peer", "batch", "head", "dim") and specs["pynccl_a2a"].row_tail
     assert specs["pynccl_a2a_aligned"].align_bytes == 32
     mnnvl = specs["flashinfer_mnnvl"]
@@ -287,3 +290,13 @@ def test_parse_spec_round_trips_through_the_model():
     spec = make_spec(**SEPARATE)
     again = DcpSpec.model_validate(spec.model_dump())
     assert again == spec and again.layout_hash() == spec.layout_hash()
+
+
+def test_a_spec_without_its_family_key_is_told_which_family_its_keys_belong_to(tmp_path):
+    from layoutgen.family import get_family
+
+    text = (get_family("ulysses").spec_dir / "deepspeed_ulysses.yaml").read_text()
+    path = tmp_path / "forgot.yaml"
+    path.write_text(text.replace("family: ulysses\n", ""))
+    with pytest.raises(SpecError, match="family: missing, so `dcp` was assumed; these keys are the ulysses family's"):
+        load_spec(path)

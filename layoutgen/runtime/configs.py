@@ -11,6 +11,7 @@ this runs once per shape.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -93,7 +94,7 @@ def _database(path: Path) -> tuning_db.TuningDatabase | None:
         return _databases[path]
     database: tuning_db.TuningDatabase | None = None
     try:
-        exists = path.is_file()
+        exists = os.path.lexists(path)  # a FIFO or device there is reported by the reader, not skipped
     except OSError as error:  # e.g. a LAYOUTGEN_TUNING_DB path too long for the file system
         warn_once(("corrupt", path), f"ignoring the tuning database {path}: {error}")
         exists = False

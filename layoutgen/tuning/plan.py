@@ -95,9 +95,18 @@ def load_module(source: str) -> Any:
     return load_path(module_path)
 
 
+def _origin(source: str) -> Path:
+    """The file a --spec value stands for (a bundled name: its YAML), to tell two sources of one name apart."""
+    from layoutgen.spec import NAME_PATTERN, bundled_spec_paths
+
+    if re.fullmatch(NAME_PATTERN, source) and not Path(source).is_file():
+        return next((path.resolve() for path in bundled_spec_paths() if path.stem == source), Path(source))
+    return Path(source).resolve()
+
+
 def spec_sources(options: TuneOptions) -> list[str]:
     if options.specs:
-        return list(options.specs)
+        return list(dict.fromkeys(options.specs))
     from layoutgen.spec import bundled_spec_paths
 
     return [path.stem for path in bundled_spec_paths()]
@@ -112,15 +121,17 @@ def make_targets(options: TuneOptions) -> list[Any]:
 
     given = dict(options.grid)
     targets: list[Any] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, Path] = {}
     kernels_used: set[str] = set()
     axes_used: set[str] = set()
     for source in spec_sources(options):
         module = load_module(source)
         spec = module.SPEC
-        if spec.name in seen and seen[spec.name] != str(module.__file__):
+        # By source, not by module file: two YAML files of one name render to the same cached module.
+        origin = _origin(source)
+        if spec.name in seen and seen[spec.name] != origin:
             raise ValueError(f"--spec {seen[spec.name]} and {source} both name a spec {spec.name!r}; rename one")
-        seen[spec.name] = str(module.__file__)
+        seen[spec.name] = origin
         family = get_family(spec.family)
         axes_used |= {axis.name for axis in family.grid_axes}
         for dtype in options.dtypes:
