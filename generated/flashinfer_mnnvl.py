@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'flashinfer_mnnvl'
 SPEC_HASH = '07bc0d08768e4812090c136c0f019a32ba3fe65a72df16e19d3a5fcfc4ce659e'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'd71a0fe9191df404032dd2fdd9643f774fca8e79d8657d0a483e80d0eb6d86db', 'combine': '394b5847192c8b3c7313a0dff230d4a707f4b7441c688773d9a54155241e2da6'}
+SOURCE_HASHES = {'pack': 'fbe2669f6222cd9c8ea8737961ab9cf6be6379c28d48b259e0e6635352351e0b', 'combine': '3b243ede36ab2dec74f88a813da876f7d3ff32c17332b8675eaaf9741aef5711'}
 SPEC_SUMMARY = 'FlashInfer MNNVL all-to-all; peer axis inside heads, stats padded to 2 words.'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'flashinfer_mnnvl', 'transport': 'external', 'payload': {'axes': ['batch', 'head', 'peer', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'axes': ['batch', 'head', 'peer', 'slot'], 'slots': 2, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'external'
@@ -40,26 +40,41 @@ def alloc(N, B_max, H, D, dtype, device=None):
 def _pack_kernel(
     out_ptr,
     lse_ptr,
+    sum_ptr,
+    empty_ptr,
     payload_ptr,
     stats_ptr,
     batch_size,
     batch_capacity,
-    out_stride_batch,
+    out_stride_request,
+    out_stride_token,
     out_stride_head,
-    lse_stride_batch,
+    lse_stride_request,
+    lse_stride_token,
     lse_stride_head,
+    sum_stride_request,
+    sum_stride_token,
+    sum_stride_head,
+    empty_stride,
     NUM_PEERS: tl.constexpr,
     HEADS_PER_PEER: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     ROW_LEN: tl.constexpr,
+    TOKENS: tl.constexpr,
+    FROM_MAX_SUM: tl.constexpr,
+    HAS_EMPTY: tl.constexpr,
     INDEX_64: tl.constexpr,
     BLOCK_PEER: tl.constexpr,
     BLOCK_BATCH: tl.constexpr,
     BLOCK_HEAD: tl.constexpr,
     BLOCK_DIM: tl.constexpr,
 ):
-    """out [batch, NUM_PEERS * HEADS_PER_PEER, HEAD_DIM] and lse [batch, heads] -> payload [batch, head, peer, dim] and stats [batch, head, peer, slot].
+    """out [batch, NUM_PEERS * HEADS_PER_PEER, HEAD_DIM] and its stats -> payload [batch, head, peer, dim] and stats [batch, head, peer, slot].
 
+    Row b of the batch is token b % TOKENS of request b // TOKENS: out [requests, TOKENS, heads, HEAD_DIM]
+    (TOKENS = 1: out [batch, heads, HEAD_DIM]); lse has out's leading shape.  FROM_MAX_SUM: lse_ptr holds
+    the max and sum_ptr the sum of exponentials instead of an LSE.  HAS_EMPTY: empty_ptr [requests] (bool)
+    marks requests with nothing on this rank; their rows are written as +0.0 with LSE -inf.
     The tile is a box of the destination, batch x head x peer x dim; peer p's local head h is global head
     p * HEADS_PER_PEER + h.
     """
@@ -92,7 +107,9 @@ def _pack_kernel(
     peer_4d = peer[None, None, :, None]
     dim_4d = dim[None, None, None, :]
     mask = (peer_4d < NUM_PEERS) & (batch_4d < batch_size) & (head_4d < HEADS_PER_PEER) & (dim_4d < HEAD_DIM)
-    source = out_ptr + batch_4d * out_stride_batch + (peer_4d * HEADS_PER_PEER + head_4d) * out_stride_head + dim_4d
+    # Row b of the batch is token b % TOKENS of request b // TOKENS (both fold away when TOKENS = 1).
+    source_row = (batch_4d // TOKENS) * out_stride_request + (batch_4d % TOKENS) * out_stride_token
+    source = out_ptr + source_row + (peer_4d * HEADS_PER_PEER + head_4d) * out_stride_head + dim_4d
     destination = payload_ptr + (
         batch_4d * payload_stride_batch
         + head_4d * payload_stride_head
@@ -100,7 +117,7 @@ def _pack_kernel(
         + dim_4d
     )
 
-    # LSE: one float32 word per (peer, batch, head), word 0 of 2 per entry of the stats buffer;
+    # Stats: LSE per (peer, batch, head), word 0 of 2 per entry of the stats buffer;
     # written by the programs of the first dim block.
     stats_stride_batch = 2 * (HEADS_PER_PEER * NUM_PEERS)
     stats_stride_head = 2 * NUM_PEERS
@@ -109,18 +126,38 @@ def _pack_kernel(
     head_3d = head[None, :, None]
     peer_3d = peer[None, None, :]
     lse_mask = (peer_3d < NUM_PEERS) & (batch_3d < batch_size) & (head_3d < HEADS_PER_PEER) & (dim_block == 0)
-    lse_source = lse_ptr + batch_3d * lse_stride_batch + (peer_3d * HEADS_PER_PEER + head_3d) * lse_stride_head
+    stats_row = (batch_3d // TOKENS) * lse_stride_request + (batch_3d % TOKENS) * lse_stride_token
+    lse_source = lse_ptr + stats_row + (peer_3d * HEADS_PER_PEER + head_3d) * lse_stride_head
     lse_offset = (
         batch_3d * stats_stride_batch
         + head_3d * stats_stride_head
         + peer_3d * stats_stride_peer
     )
 
-    # Both loads are issued before either store: a store may alias the inputs as far as the compiler
-    # knows, so a load placed after it would wait a second memory latency (dominant at small batch).
+    # Every load is issued before any store: a store may alias the inputs as far as the compiler knows, so a
+    # load placed after it would wait a second memory latency (dominant at small batch).
     lse_values = tl.load(lse_source, mask=lse_mask)
-    values = tl.load(source, mask=mask)
-    tl.store(destination, values.to(payload_ptr.dtype.element_ty), mask=mask)
+    if FROM_MAX_SUM:
+        sum_row = (batch_3d // TOKENS) * sum_stride_request + (batch_3d % TOKENS) * sum_stride_token
+        sum_values = tl.load(sum_ptr + sum_row + (peer_3d * HEADS_PER_PEER + head_3d) * sum_stride_head, mask=lse_mask)
+    if HAS_EMPTY:
+        # One flag per row of the tile (a byte every thread holding that row reads; loaded with the payload, not
+        # in a second pass): empty rows are selected to +0.0 and their stats to the empty entry below.
+        row_empty = tl.load(empty_ptr + (batch_4d // TOKENS) * empty_stride, mask=batch_4d < batch_size, other=0)
+        stats_row_empty = tl.load(empty_ptr + (batch_3d // TOKENS) * empty_stride, mask=batch_3d < batch_size, other=0)
+    values = tl.load(source, mask=mask).to(payload_ptr.dtype.element_ty)
+    if FROM_MAX_SUM:
+        # lse = max + log(sum), -inf where sum <= 0 or NaN; in float64, so the word is within one float32 ulp.
+        lse_wide = lse_values.to(tl.float64) + tl.log(sum_values.to(tl.float64))
+        lse_values = tl.where(sum_values > 0.0, lse_wide.to(tl.float32), float("-inf"))
+    if HAS_EMPTY:
+        lse_values = tl.where(stats_row_empty, float("-inf"), lse_values)
+    if HAS_EMPTY:
+        # Rows are whole along the stores' vectors here: an empty row stores zeros instead (no select per element).
+        tl.store(destination, values, mask=mask & ~row_empty)
+        tl.store(destination, tl.zeros_like(values), mask=mask & row_empty)
+    else:
+        tl.store(destination, values, mask=mask)
     tl.store(stats_ptr + lse_offset, lse_values, mask=lse_mask)
 
 
@@ -128,11 +165,21 @@ def _pack_kernel(
 _MAX_GRID_Y = 65535
 
 
-def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel):
+def _row_strides(tensor, trailing):
+    """(request, token, head) strides of out [B, H, D] / [R, T, H, D] (trailing 2) or lse [B, H] / [R, T, H]
+    (trailing 1); token 0 for the 3-D / 2-D forms."""
+    if tensor.dim() == trailing + 2:
+        return tensor.stride(0), tensor.stride(1), tensor.stride(2)
+    return tensor.stride(0), 0, tensor.stride(1)
+
+
+def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel, *, sums=None, empty=None):
     """Grid and constexprs for `_pack_kernel`; the caller has validated every argument.
 
-    The runtime passes a recorder as `kernel` once per plan and then replays the call with the compiled
-    kernel, so every argument must follow from the plan key (shapes, strides, dtypes, config).
+    `out` is [B, H, D] or [R, T, H, D] (batch = R * T rows), `lse` its LSE, or its max when `sums` holds the
+    sums; `empty` is None or [R] bool.  The runtime passes a recorder as `kernel` once per plan and then
+    replays the call with the compiled kernel, so every argument must follow from the plan key (shapes,
+    strides, dtypes, config) and every tensor must be one of the call's (unused pointers get `lse`).
     """
     N, heads_per_peer, head_dim = bufs.N, bufs.H // bufs.N, bufs.D
     blocks = {
@@ -154,21 +201,27 @@ def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel):
         batch_blocks,
         1,
     )
+    lse_strides = _row_strides(lse, 1)
     kernel[grid](
         out,
         lse,
+        lse if sums is None else sums,
+        lse if empty is None else empty,
         bufs.tensors["payload"],
         bufs.tensors["stats"],
         batch,
         bufs.B_max,
-        out.stride(0),
-        out.stride(1),
-        lse.stride(0),
-        lse.stride(1),
+        *_row_strides(out, 2),
+        *lse_strides,
+        *(lse_strides if sums is None else _row_strides(sums, 1)),
+        0 if empty is None else empty.stride(0),
         NUM_PEERS=N,
         HEADS_PER_PEER=heads_per_peer,
         HEAD_DIM=head_dim,
         ROW_LEN=bufs.tensors["payload"].shape[3],
+        TOKENS=out.shape[1] if out.dim() == 4 else 1,
+        FROM_MAX_SUM=sums is not None,
+        HAS_EMPTY=empty is not None,
         INDEX_64=index_64,
         BLOCK_PEER=config.block_peer,
         BLOCK_BATCH=config.block_batch,
@@ -184,6 +237,16 @@ def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel):
 def _empty_if_not_finite(lse):
     """NaN and +inf LSEs count as empty shards (-inf)."""
     return tl.where((lse == lse) & (lse < float("inf")), lse, float("-inf"))
+
+
+# (Rendered for every layout, so that every generated module has the same top-level definitions; only
+# (max, sum) layouts call it.)
+@triton.jit
+def _empty_unless_weighed(maximum, total):
+    """(max, sum) with every empty entry as (-inf, 0): a NaN or +inf max, or a NaN, non-positive or +inf sum."""
+    weighed = (maximum == maximum) & (maximum < float("inf")) & (total > 0.0) & (total < float("inf"))
+    return tl.where(weighed, maximum, float("-inf")), tl.where(weighed, total, 0.0)
+
 
 
 @triton.jit
@@ -206,6 +269,7 @@ def _combine_kernel(
     out_stride_batch,
     out_stride_head,
     out_stride_dim,
+    output_scale,
     NUM_PEERS: tl.constexpr,
     HEADS_PER_PEER: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -213,13 +277,15 @@ def _combine_kernel(
     INDEX_64: tl.constexpr,
     LSE_BASE_2: tl.constexpr,
     RETURN_LSE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     BLOCK_BATCH: tl.constexpr,
     BLOCK_HEAD: tl.constexpr,
     BLOCK_DIM: tl.constexpr,
 ):
     """payload [batch, head, peer, dim] and stats [batch, head, peer, slot] -> out [batch, HEADS_PER_PEER, HEAD_DIM]: the LSE-weighted merge of
     the NUM_PEERS partials, accumulated in float32.  NaN and +inf LSEs count as empty (-inf); an empty
-    partial contributes nothing, whatever its payload holds; all empty gives 0 and LSE -inf.
+    partial contributes nothing, whatever its payload holds; all empty gives 0 and LSE -inf.  HAS_SCALE: the
+    merged value is multiplied by output_scale before the cast.
     """
     # Consecutive programs walk the destination in memory order: the innermost axis varies fastest.
     program = tl.program_id(0)
@@ -287,8 +353,11 @@ def _combine_kernel(
         share_3d = (_lse_exp(lse - shift, LSE_BASE_2) * inverse_sum)[:, :, None]
         accumulator += share_3d * tl.where(share_3d > 0.0, partial, 0.0)
 
+    merged = accumulator
+    if HAS_SCALE:
+        merged = accumulator * output_scale  # in float32, before the cast
     destination = out_ptr + batch_3d * out_stride_batch + head_3d * out_stride_head + dim_3d * out_stride_dim
-    tl.store(destination, accumulator.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(destination, merged.to(out_ptr.dtype.element_ty), mask=mask)
     if RETURN_LSE:
         if dim_block == 0:
             if LSE_BASE_2:
@@ -299,8 +368,10 @@ def _combine_kernel(
             tl.store(out_lse_ptr + batch_2d * HEADS_PER_PEER + head_2d, merged_lse, mask=row_mask)
 
 
-def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64, kernel=_combine_kernel):
+def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64, kernel=_combine_kernel, *, scale=1.0):
     """Grid and constexprs for `_combine_kernel`; the caller has validated every argument.
+
+    `scale` multiplies the merged output (1.0: the kernel without the multiply, the same bits as none).
 
     The runtime passes a recorder as `kernel` once per plan and then replays the call with the compiled
     kernel, so every argument must follow from the plan key (shapes, strides, dtypes, config).
@@ -321,6 +392,7 @@ def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64, ker
         out.stride(0),
         out.stride(1),
         out.stride(2),
+        float(scale),
         NUM_PEERS=bufs.N,
         HEADS_PER_PEER=heads_per_peer,
         HEAD_DIM=head_dim,
@@ -328,6 +400,7 @@ def _launch_combine(bufs, batch, out, out_lse, lse_base_2, config, index_64, ker
         INDEX_64=index_64,
         LSE_BASE_2=lse_base_2,
         RETURN_LSE=out_lse is not None,
+        HAS_SCALE=scale != 1.0,
         BLOCK_BATCH=config.block_batch,
         BLOCK_HEAD=config.block_head,
         BLOCK_DIM=config.block_dim,
@@ -341,14 +414,23 @@ _dispatch = _runtime.Dispatcher(
 )
 
 
-def pack(out, lse, bufs, *, config=None):
-    """Scatter out [B, H, D] and lse [B, H] (float32) into `bufs`; writes only the bytes the layout assigns.
+def pack(out, lse=None, bufs=None, *, empty=None, max_sum=None, config=None):
+    """Scatter out and its stats into `bufs`; writes exactly the bytes the layout assigns.
 
+    out: [B, H, D] (bf16, fp16 or fp32; any strides, the last 1), or [R, T, H, D] with row r * T + t.
+    lse: float32 of out's leading shape ([B, H] or [R, T, H]), any strides; or instead
+    max_sum: (max, sum), two such float32 tensors (stored as max + log(sum), -inf where sum <= 0).
+    empty: None or a torch.bool tensor [R] (R = B for 3-D out): its True requests are written as +0.0
+    payload and LSE -inf, read inside the kernel (no host sync).
     `config=None` takes the tuned config for this shape and device (LAYOUTGEN_CONFIG forces one).
     """
-    _dispatch.pack(out, lse, bufs, config)
+    _dispatch.pack(out, lse, bufs, config, empty, max_sum)
 
 
-def combine(bufs, B, *, lse_base="e", out=None, return_lse=False, config=None):
-    """Merge the N partials of the first B rows of `bufs`: (out [B, H/N, D], lse [B, H/N] or None)."""
-    return _dispatch.combine(bufs, B, lse_base, out, return_lse, config)
+def combine(bufs, B, *, lse_base="e", out=None, return_lse=False, scale=1.0, config=None):
+    """Merge the N partials of the first B rows of `bufs`: (out [B, H/N, D], lse [B, H/N] or None).
+
+    Partials weigh exp(lse_i - max lse) (exp2 for lse_base="2"); the merged LSE
+    is in the same base.  `scale` multiplies the merged output in float32 before the cast (1.0: no multiply).
+    """
+    return _dispatch.combine(bufs, B, lse_base, out, return_lse, config, scale)

@@ -27,7 +27,9 @@ from layoutgen.dcp.spec import Transport
 from layoutgen.spec import bundled_specs
 
 ALL_TO_ALL_SPECS = sorted(
-    name for name, spec in bundled_specs().items() if spec.transport is Transport.ALL_TO_ALL_SINGLE
+    name
+    for name, spec in bundled_specs().items()
+    if spec.family == "dcp" and not spec.max_sum and spec.transport is Transport.ALL_TO_ALL_SINGLE
 )
 EXTERNAL_SPEC = "flashinfer_mnnvl"
 D = 12  # not a power of two; even, as the row-tail specs need for bf16
@@ -221,16 +223,78 @@ def check_world_size_one(checks: Checks, device: Any) -> None:
     checks.expect(exchange.send is None and exchange.recv is None, "world size 1 allocated buffers")
 
 
+def check_v2(checks: Checks, spec: str, N: int, device: Any, exchange_fn: Any = None) -> None:
+    """Contract v2 through DcpExchange: out [R, T, H, D] with empty requests (a different set per rank, one
+    empty everywhere), (max, sum) statistics, an output scale; against the float64 merge of the masked
+    shards.  The merged result has out's leading shape."""
+    from layoutgen import DcpExchange
+    from layoutgen.dcp import reference
+
+    R, T, H = 3, 2, 2 * N
+    exchange = DcpExchange(
+        spec, None, B_max=R * T, H=H, D=D, dtype=torch.float16, device=device, exchange_fn=exchange_fn
+    )
+    generator = torch.Generator().manual_seed(7 * N)
+    outs = [torch.randn(R, T, H, D, generator=generator).to(torch.float16) for _ in range(N)]
+    maxes = [torch.randn(R, T, H, generator=generator) * 3 for _ in range(N)]
+    sums = [1 + 4 * torch.rand(R, T, H, generator=generator) for _ in range(N)]
+    empties = [torch.tensor([rank == 0, False, True]) for rank in range(N)]
+    mine = checks.rank
+    merged, merged_lse = exchange(
+        outs[mine].to(device),
+        max_sum=(maxes[mine].to(device), sums[mine].to(device)),
+        empty=empties[mine].to(device),
+        scale=0.5,
+        return_lse=True,
+    )
+    masked = [reference.masked_inputs(outs[r], [maxes[r], sums[r]], empties[r]) for r in range(N)]
+    want, want_lse = reference.merge_shards_max_sum(
+        [m[0] for m in masked], [m[1][0] for m in masked], [m[1][1] for m in masked], mine, scale=0.5
+    )
+    h = H // N
+    checks.expect(tuple(merged.shape) == (R, T, h, D), f"{spec} v2: merged shape {tuple(merged.shape)}")
+    checks.expect(tuple(merged_lse.shape) == (R, T, h), f"{spec} v2: merged LSE shape {tuple(merged_lse.shape)}")
+    scale = max(float(o.abs().max()) for o in outs) * 0.5
+    error = tolerances.combine_error(merged.cpu().reshape(R * T, h, D), want, scale)
+    checks.expect(error <= 1, f"{spec} v2: combine error {error:.3g} x tolerance")
+    lse_error = tolerances.lse_error(merged_lse.cpu().reshape(R * T, h), want_lse)
+    checks.expect(lse_error <= 1, f"{spec} v2: LSE error {lse_error:.3g} x tolerance")
+    checks.expect(
+        bool((merged[2] == 0).all()) and bool((merged_lse[2] == float("-inf")).all()),
+        f"{spec} v2: a request empty on every rank must merge to 0 and -inf",
+    )
+
+
+def check_v2_world_size_one(checks: Checks, device: Any) -> None:
+    from layoutgen import DcpExchange
+
+    solo, _ = dist.new_subgroups(group_size=1)
+    exchange = DcpExchange("trtllm_helix_nccl", solo, B_max=3, H=4, D=D, dtype=torch.float32, device=device)
+    out = torch.randn(3, 4, D, device=device)
+    maximum, total = torch.randn(3, 4, device=device), torch.rand(3, 4, device=device) + 0.5
+    empty = torch.tensor([False, True, False], device=device)
+    merged, merged_lse = exchange(out, max_sum=(maximum, total), empty=empty, scale=2.0, return_lse=True)
+    want = torch.where(empty[:, None, None], 0.0, out * 2)
+    want_lse = torch.where(empty[:, None], float("-inf"), maximum + total.log())
+    checks.expect(torch.equal(merged, want), "world size 1: (max, sum), empty and scale are not applied")
+    checks.expect(torch.allclose(merged_lse, want_lse), "world size 1: the LSE of (max, sum) is not max + log(sum)")
+
+
 def run_checks(rank: int, N: int, device: Any) -> list[str]:
     checks = Checks(rank)
     for spec in ALL_TO_ALL_SPECS:
         check_spec(checks, spec, N, device)
     # FlashInfer's layout needs D * 2 bytes % 16 == 0 only on the real transport; the emulation moves any D.
     check_spec(checks, EXTERNAL_SPEC, N, device, exchange_fn=emulated_exchange(EXTERNAL_SPEC), lse_base="2")
+    if N in (2, 3):
+        check_v2(checks, "trtllm_helix_nccl", N, device)
+        check_v2(checks, "trtllm_helix_native_v2", N, device, exchange_fn=emulated_exchange("trtllm_helix_native_v2"))
     if N == 2:
+        check_v2(checks, "pynccl_a2a", N, device)
         check_spec(checks, "vllm_a2a", N, device, exchange_fn=emulated_exchange("vllm_a2a"))
         check_errors(checks, N, device)
         check_world_size_one(checks, device)
+        check_v2_world_size_one(checks, device)
     return checks.failures
 
 

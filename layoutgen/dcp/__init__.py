@@ -68,8 +68,9 @@ class DcpFamily(Family):
     )
     bucket = GridAxis("B", tuple(1 << k for k in range(13)), (1, 3), "live batch rows", alias="batch")
     dtypes = ("bfloat16", "float16", "float32")
-    show_shape: ClassVar[Mapping[str, int]] = {"N": 4, "B": 2, "H": 8, "D": 16}
-    show_aliases: ClassVar[Mapping[str, str]] = {"N": "N", "batch": "B", "heads": "H", "D": "D"}
+    #: E: how many of the B live rows are drawn as rows of empty requests (pack's `empty=`), the last ones.
+    show_shape: ClassVar[Mapping[str, int]] = {"N": 4, "B": 2, "H": 8, "D": 16, "E": 0}
+    show_aliases: ClassVar[Mapping[str, str]] = {"N": "N", "batch": "B", "heads": "H", "D": "D", "empty": "E"}
 
     def render_context(self, spec: Any) -> dict[str, Any]:
         from layoutgen.dcp.render import module_context
@@ -121,12 +122,13 @@ class DcpFamily(Family):
         return make(problem.spec, N, heads_per_peer, D, bucket, wire)
 
     def bytes_moved(self, problem: Any, bucket: int) -> int:
-        """pack reads out + lse and writes the payload and LSE bytes it owns; combine reads N partials and
-        their LSEs and writes out."""
+        """pack reads out + lse and writes the payload and stats bytes it owns (one word per entry, two for
+        a (max, sum) spec); combine reads N partials and their stats words and writes out."""
         N, heads_per_peer, D, elem, wire = self._sizes(problem)
+        words = problem.spec.stats.words
         if problem.kernel == "pack":
-            return bucket * N * heads_per_peer * (D * (elem + wire) + 2 * LSE_BYTES)
-        return bucket * heads_per_peer * (N * (D * wire + LSE_BYTES) + D * elem)
+            return bucket * N * heads_per_peer * (D * (elem + wire) + LSE_BYTES * (1 + words))
+        return bucket * heads_per_peer * (N * (D * wire + LSE_BYTES * words) + D * elem)
 
     def space_extents(self, problem: Any, bucket: int) -> SpaceExtents:
         N, heads_per_peer, D, elem, wire = self._sizes(problem)
@@ -151,6 +153,13 @@ class DcpFamily(Family):
             lse = torch.empty(batch, H, dtype=torch.float32, device="meta")
             index_64 = needs_int64(out, lse, *bufs.tensors.values())
             module._launch_pack(out, lse, bufs, batch, config, index_64, kernel=kernel_proxy)
+            for masked, from_max_sum in job.get("pack_forms", ()):
+                # The contract-v2 variants the workload's gate runs too (an empty mask, (max, sum) inputs).
+                empty = torch.empty(batch, dtype=torch.bool, device="meta") if masked else None
+                sums = torch.empty(batch, H, dtype=torch.float32, device="meta") if from_max_sum else None
+                module._launch_pack(
+                    out, lse, bufs, batch, config, index_64, kernel=kernel_proxy, sums=sums, empty=empty
+                )
         else:
             out = torch.empty(batch, H // N, D, dtype=dtype, device="meta")
             index_64 = needs_int64(out, *bufs.tensors.values())

@@ -5,6 +5,7 @@ Every error names the argument, what was expected and what was given (docs/desig
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -51,33 +52,74 @@ def check_buffers(spec: DcpSpec, bufs: Any, label: str = "bufs") -> LayoutBuffer
     return bufs
 
 
-def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any) -> int:
-    """Validate pack's arguments; return the batch B."""
+def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = None, max_sum: Any = None) -> int:
+    """Validate pack's arguments; return the number of rows B (R * T for a 4-D `out`)."""
     bufs = check_buffers(spec, bufs)
     H, D = bufs.H, bufs.D
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor [B, H, D], got {type(out).__name__}")
-    if not isinstance(lse, torch.Tensor):
-        raise TypeError(f"lse must be a torch.Tensor [B, H] of float32, got {type(lse).__name__}")
-    if out.dim() != 3 or out.shape[1] != H or out.shape[2] != D:
-        raise ValueError(f"out must have shape [B, H={H}, D={D}] (B <= {bufs.B_max}); got {describe(out)}")
-    batch = out.shape[0]
-    if batch > bufs.B_max:
+        raise TypeError(
+            f"out must be a torch.Tensor [B, H, D], got {type(out).__name__} ([R, T, H, D]: T tokens per request)"
+        )
+    if out.dim() not in (3, 4) or out.shape[-2] != H or out.shape[-1] != D:
         raise ValueError(
-            f"out has B={batch} rows but the buffers hold at most B_max={bufs.B_max}; allocate larger buffers"
+            f"out must have shape [B, H={H}, D={D}] (B <= {bufs.B_max}); got {describe(out)} (or [R, T, H={H}, D={D}] "
+            f"with R * T <= {bufs.B_max})"
+        )
+    lead = tuple(out.shape[:-2])
+    batch = math.prod(lead)
+    if batch > bufs.B_max:
+        rows = "" if len(lead) == 1 else f" ({lead[0]} x {lead[1]})"
+        raise ValueError(
+            f"out has B={batch} rows{rows} but the buffers hold at most B_max={bufs.B_max}; allocate larger buffers"
         )
     if out.dtype != bufs.dtype:
         raise TypeError(f"out must be {bufs.dtype} (the buffers' dtype); got {describe(out)}")
-    if D > 1 and out.stride(2) != 1:
+    if D > 1 and out.stride(-1) != 1:
         raise ValueError(f"out must have stride 1 along D (any other strides); got {describe(out)}")
-    if lse.dim() != 2 or tuple(lse.shape) != (batch, H):
-        raise ValueError(f"lse must have shape [B={batch}, H={H}]; got {describe(lse)}")
-    if lse.dtype != torch.float32:
-        raise TypeError(f"lse must be float32; got {describe(lse)}")
-    for label, tensor in (("out", out), ("lse", lse)):
+    want = (*lead, H)
+    stats_shape = (
+        f"[B={lead[0]}, H={H}]" if len(lead) == 1 else f"[R={lead[0]}, T={lead[1]}, H={H}] (out's leading shape)"
+    )
+    if (lse is None) == (max_sum is None):
+        raise TypeError(
+            f"pass exactly one of lse (float32 {stats_shape}) and max_sum=(max, sum); got "
+            + ("both" if lse is not None else "neither")
+        )
+    named: list[tuple[str, Any]] = [("lse", lse)]
+    if max_sum is not None:
+        if not isinstance(max_sum, tuple | list) or len(max_sum) != 2:
+            raise TypeError(
+                f"max_sum must be a (max, sum) pair of float32 tensors {stats_shape}; got {type(max_sum).__name__}"
+            )
+        named = [("max_sum[0] (max)", max_sum[0]), ("max_sum[1] (sum)", max_sum[1])]
+    for label, tensor in named:
+        if not isinstance(tensor, torch.Tensor):
+            kind = "[B, H]" if len(lead) == 1 else "[R, T, H]"
+            raise TypeError(f"{label} must be a torch.Tensor {kind} of float32, got {type(tensor).__name__}")
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"{label} must have shape {stats_shape}; got {describe(tensor)}")
+        if tensor.dtype != torch.float32:
+            raise TypeError(f"{label} must be float32; got {describe(tensor)}")
+    if empty is not None:
+        if not isinstance(empty, torch.Tensor):
+            raise TypeError(f"empty must be None or a torch.bool tensor [{lead[0]}], got {type(empty).__name__}")
+        if empty.dtype != torch.bool or tuple(empty.shape) != lead[:1]:
+            raise ValueError(
+                f"empty must be a torch.bool tensor [R={lead[0]}], one flag per request (out's first dim); "
+                f"got {describe(empty)}"
+            )
+        named.append(("empty", empty))
+    for label, tensor in (("out", out), *named):
         if tensor.device != bufs.device:
             raise ValueError(f"{label} is on {tensor.device} but the buffers are on {bufs.device}")
     return batch
+
+
+def check_scale(scale: Any) -> float:
+    """combine's output scale: a real number (not a bool, not a tensor: it is baked into the launch)."""
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"scale must be a Python float (or int); got {type(scale).__name__}")
+    return float(scale)
 
 
 def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any) -> None:

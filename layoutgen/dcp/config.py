@@ -46,9 +46,14 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
     innermost = spec.payload.axes[-1]
     block_dim = min(next_pow2(D), 1024)
     if innermost == "batch":
-        # Stores coalesce along batch: give the tile a run of rows, narrow the dim block to match.
-        block_batch = min(next_pow2(B), 32)
-        block_dim = min(block_dim, 64)
+        # A transpose: `out` is contiguous along dim, the destination along batch.  The tile is rows x dims,
+        # loaded along dim and stored along batch (Triton converts between the two through shared memory);
+        # 64 rows make every stored run 256 bytes of float32 (128 of bf16) and at least 64 dims every loaded
+        # run 128 bytes of bf16.  With fewer live rows the dim block grows to keep ~4096 elements per program
+        # (at B = 1 a program reads a whole head row: 1 KiB of bf16 at D = 512).  Was 32 x 64 (2048
+        # elements, 4 warps), which with 4-byte stores packed at 47% of the copy ceiling (issue 21).
+        block_batch = min(next_pow2(B), 64)
+        block_dim = min(block_dim, max(64, 4096 // block_batch))
         block_head, block_peer = 1, 1
     elif innermost in ("peer", "head"):
         block_batch = 1

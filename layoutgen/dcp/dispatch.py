@@ -13,6 +13,7 @@ ops instead (`layoutgen.dcp.ops`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -57,6 +58,7 @@ class CombinePlan:
     out_shape: tuple[int, int, int]
     dtype: torch.dtype
     device: torch.device
+    scale: float = 1.0
     # Replays the recorded launch with a call's (*buffers, out, out_lse); None until recorded or when it can't be.
     direct: Callable[[tuple[Any, ...]], None] | None = None
     recorded: bool = False
@@ -128,9 +130,20 @@ class Dispatcher:
 
     # pack ----------------------------------------------------------------------------------------------------
 
-    def pack(self, out: Any, lse: Any, bufs: Any, config: PackConfig | None = None) -> None:
+    def pack(
+        self,
+        out: Any,
+        lse: Any,
+        bufs: Any,
+        config: PackConfig | None = None,
+        empty: Any = None,
+        max_sum: Any = None,
+    ) -> None:
         if _is_compiling():
-            self._pack_traced(out, lse, bufs, config)
+            self._pack_traced(out, lse, bufs, config, empty, max_sum)
+            return
+        if empty is not None or max_sum is not None:
+            self._pack_v2(out, lse, bufs, config, empty, max_sum)
             return
         # The same lookup as pack_plan() (_pack_key inlined): the eager hot path is one dict hit, no extra call.
         try:
@@ -156,12 +169,58 @@ class Dispatcher:
         else:
             self._launch_pack(plan, out, lse, bufs)
 
-    def pack_plan(self, out: Any, lse: Any, bufs: Any, config: PackConfig | None = None) -> PackPlan:
+    def _pack_v2(self, out: Any, lse: Any, bufs: Any, config: Any, empty: Any, max_sum: Any) -> None:
+        """pack with an `empty` mask and/or (max, sum) inputs: the call's tensors are (out, lse or max, sum or
+        lse, empty or lse, *buffers); unused kernel pointers get the first statistics tensor."""
+        try:
+            first, sums = (lse, None) if max_sum is None else max_sum
+            plan = bufs.__dict__[_PLANS][self._pack_v2_key(out, first, sums, empty, config)]
+        except (AttributeError, KeyError, TypeError, ValueError):
+            plan = self._plan_pack(out, lse, bufs, config, empty, max_sum)
+            first, sums = (lse, None) if max_sum is None else max_sum
+        tensors = (
+            out,
+            first,
+            first if sums is None else sums,
+            first if empty is None else empty,
+            *bufs.tensors.values(),
+        )
+        direct = plan.direct
+        if direct is not None:
+            direct(tensors)
+            return
+        launch = functools.partial(self.launch_pack, sums=sums, empty=empty)
+        args = (out, first, bufs, plan.batch, plan.config, plan.index_64)
+        if not plan.recorded and out.is_cuda and is_jit_function(self.pack_kernel):
+            plan.recorded = True
+            plan.direct = record_launches(self.pack_kernel, launch, args, tensors, (0, 1, 2, 3))
+            if plan.direct is not None:
+                plan.direct(tensors)
+                return
+        launch(*args)
+
+    def _pack_v2_key(self, out: Any, first: Any, sums: Any, empty: Any, config: Any) -> tuple[Any, ...]:
+        """`_pack_key` for a call with an empty mask or (max, sum) inputs."""
+        optional = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in (sums, empty))
+        return (*self._pack_key(out, first, None)[:-1], *optional, config)
+
+    def pack_plan(
+        self,
+        out: Any,
+        lse: Any,
+        bufs: Any,
+        config: PackConfig | None = None,
+        empty: Any = None,
+        max_sum: Any = None,
+    ) -> PackPlan:
         """The cached plan for these arguments (validating them the first time): shows the config in use."""
         try:
-            return bufs.__dict__[_PLANS][self._pack_key(out, lse, config)]
-        except (AttributeError, KeyError, TypeError):
-            return self._plan_pack(out, lse, bufs, config)
+            if empty is None and max_sum is None:
+                return bufs.__dict__[_PLANS][self._pack_key(out, lse, config)]
+            first, sums = (lse, None) if max_sum is None else max_sum
+            return bufs.__dict__[_PLANS][self._pack_v2_key(out, first, sums, empty, config)]
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return self._plan_pack(out, lse, bufs, config, empty, max_sum)
 
     def _pack_key(self, out: Any, lse: Any, config: Any) -> tuple[Any, ...]:
         """What a pack plan depends on besides the buffers (whose dict holds the plans); `pack` inlines it."""
@@ -185,9 +244,18 @@ class Dispatcher:
             default,
         )
 
-    def _plan_pack(self, out: Any, lse: Any, bufs: Any, config: Any) -> PackPlan:
-        batch = checks.check_pack_args(self.spec, out, lse, bufs)
-        check_runnable(self.pack_kernel, out, lse, *bufs.tensors.values())
+    def _plan_pack(
+        self,
+        out: Any,
+        lse: Any,
+        bufs: Any,
+        config: Any,
+        empty: Any = None,
+        max_sum: Any = None,
+    ) -> PackPlan:
+        batch = checks.check_pack_args(self.spec, out, lse, bufs, empty, max_sum)
+        inputs = [out, *([lse] if max_sum is None else list(max_sum)), *([] if empty is None else [empty])]
+        check_runnable(self.pack_kernel, *inputs, *bufs.tensors.values())
         if config is None:
             elem_size = bufs.tensors["payload"].element_size()
             args = (self.spec, bufs.N, bufs.H // bufs.N, bufs.D, max(batch, 1), elem_size)
@@ -195,8 +263,13 @@ class Dispatcher:
         else:
             check_config(config, PackConfig)
             resolved = config
-        plan = PackPlan(batch, cast(PackConfig, resolved), needs_int64(out, lse, *bufs.tensors.values()))
-        plans_of(bufs)[self._pack_key(out, lse, config)] = plan
+        plan = PackPlan(batch, cast(PackConfig, resolved), needs_int64(*inputs, *bufs.tensors.values()))
+        if empty is None and max_sum is None:
+            key = self._pack_key(out, lse, config)
+        else:
+            first, sums = (lse, None) if max_sum is None else max_sum
+            key = self._pack_v2_key(out, first, sums, empty, config)
+        plans_of(bufs)[key] = plan
         return plan
 
     def _launch_pack(self, plan: PackPlan, out: torch.Tensor, lse: torch.Tensor, bufs: LayoutBuffers) -> None:
@@ -221,9 +294,10 @@ class Dispatcher:
         out: Any = None,
         return_lse: Any = False,
         config: CombineConfig | None = None,
+        scale: Any = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if _is_compiling():
-            return self._combine_traced(bufs, B, lse_base, out, return_lse, config)
+            return self._combine_traced(bufs, B, lse_base, out, return_lse, config, scale)
         # The same lookup as combine_plan() (_combine_key inlined), as in pack.
         try:
             plan = bufs.__dict__[_PLANS][
@@ -236,10 +310,12 @@ class Dispatcher:
                     return_lse,
                     return_lse.__class__,
                     config,
+                    scale,
+                    scale.__class__,  # likewise scale=True
                 )
             ]
         except (AttributeError, KeyError, TypeError):
-            plan = self._plan_combine(bufs, B, lse_base, out, return_lse, config)
+            plan = self._plan_combine(bufs, B, lse_base, out, return_lse, config, scale)
         if out is None:
             out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
         out_lse = torch.empty(plan.out_shape[:2], dtype=torch.float32, device=plan.device) if return_lse else None
@@ -253,18 +329,22 @@ class Dispatcher:
             direct((*bufs.tensors.values(), out, out_lse))
             return
         args = (bufs, plan.out_shape[0], out, out_lse, plan.lse_base_2, plan.config, plan.index_64)
+        launch = self.launch_combine if plan.scale == 1.0 else functools.partial(self.launch_combine, scale=plan.scale)
         if not plan.recorded and out.is_cuda and is_jit_function(self.combine_kernel):
             plan.recorded = True
             tensors = (*bufs.tensors.values(), out, out_lse)
             varying = (len(bufs.tensors), len(bufs.tensors) + 1)  # out and out_lse
-            plan.direct = record_launches(self.combine_kernel, self.launch_combine, args, tensors, varying)
+            plan.direct = record_launches(self.combine_kernel, launch, args, tensors, varying)
             if plan.direct is not None:
                 plan.direct(tensors)
                 return
-        self.launch_combine(*args)
+        launch(*args)
 
-    def _plan_combine(self, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any) -> CombinePlan:
+    def _plan_combine(
+        self, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
+    ) -> CombinePlan:
         checks.check_combine_args(self.spec, bufs, B, lse_base, out, return_lse)
+        scale_value = checks.check_scale(scale)
         tensors = list(bufs.tensors.values()) + ([out] if out is not None else [])
         check_runnable(self.combine_kernel, *tensors)
         heads_per_peer = bufs.H // bufs.N
@@ -283,24 +363,29 @@ class Dispatcher:
             out_shape,
             bufs.dtype,
             bufs.device,
+            scale_value,
         )
-        plans_of(bufs)[self._combine_key(B, lse_base, out, return_lse, config)] = plan
+        plans_of(bufs)[self._combine_key(B, lse_base, out, return_lse, config, scale)] = plan
         return plan
 
-    def _combine_key(self, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any) -> tuple[Any, ...]:
+    def _combine_key(
+        self, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
+    ) -> tuple[Any, ...]:
         """What a combine plan depends on besides the buffers; `combine` inlines it."""
         out_key = None if out is None else (out.shape, out.stride(), out.dtype, out.device)
-        return (self, B, B.__class__, lse_base, out_key, return_lse, return_lse.__class__, config)
+        return (self, B, B.__class__, lse_base, out_key, return_lse, return_lse.__class__, config, scale,
+                scale.__class__)  # fmt: skip
 
     # torch.compile ---------------------------------------------------------------------------------------------
 
-    def _pack_traced(self, out: Any, lse: Any, bufs: Any, config: Any) -> None:
-        torch.ops.layoutgen.pack(
-            out, lse, list(bufs.tensors.values()), self.name, bufs.N, bufs.B_max, bufs.H, bufs.D, config_values(config)
-        )
+    def _pack_traced(self, out: Any, lse: Any, bufs: Any, config: Any, empty: Any = None, max_sum: Any = None) -> None:
+        maximum, total = (None, None) if max_sum is None else max_sum
+        tensors = list(bufs.tensors.values())
+        shape = (self.name, bufs.N, bufs.B_max, bufs.H, bufs.D, config_values(config))
+        torch.ops.layoutgen.pack(out, lse, tensors, *shape, empty, maximum, total)
 
     def _combine_traced(
-        self, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any
+        self, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # Allocation stays in the traced graph; the op only writes.
         heads_per_peer = bufs.H // bufs.N
@@ -320,15 +405,18 @@ class Dispatcher:
             B,
             lse_base,
             config_values(config),
+            checks.check_scale(scale),
         )
         return out, out_lse
 
-    def combine_plan(self, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any) -> CombinePlan:
+    def combine_plan(
+        self, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
+    ) -> CombinePlan:
         """The cached plan for these arguments (validating them the first time)."""
         try:
-            return bufs.__dict__[_PLANS][self._combine_key(B, lse_base, out, return_lse, config)]
+            return bufs.__dict__[_PLANS][self._combine_key(B, lse_base, out, return_lse, config, scale)]
         except (AttributeError, KeyError, TypeError):
-            return self._plan_combine(bufs, B, lse_base, out, return_lse, config)
+            return self._plan_combine(bufs, B, lse_base, out, return_lse, config, scale)
 
 
 def config_values(config: Any) -> list[int]:

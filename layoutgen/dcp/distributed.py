@@ -17,6 +17,7 @@ memory pool during capture (pass `merged_out=` to write into a tensor of your ow
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -83,8 +84,12 @@ class DcpExchange:
             ``all_to_all_single`` specs it replaces the default one ``all_to_all_single`` per buffer.
 
     ``exchange(out [B, H, D], lse [B, H])`` returns this rank's merged ``[B, H/N, D]`` (and its LSE
-    ``[B, H/N]`` with ``return_lse=True``). Every rank must call with the same B, as DCP does (each
-    rank holds every query). With N == 1 the inputs are returned untouched.
+    ``[B, H/N]`` with ``return_lse=True``); ``out [R, T, H, D]`` (T tokens per request) gives
+    ``[R, T, H/N, D]``. ``empty=`` (bool ``[R]``) marks requests with nothing on this rank, ``max_sum=``
+    takes (max, sum) statistics instead of ``lse``, ``scale=`` multiplies the merged output (see the
+    generated module's ``pack`` and ``combine``). Every rank must call with the same B, as DCP does (each
+    rank holds every query). With N == 1 the inputs are returned untouched (unless ``empty``,
+    ``max_sum`` or ``scale`` ask for a change).
     """
 
     def __init__(
@@ -210,71 +215,151 @@ class DcpExchange:
         self._views[B] = views
         return views
 
-    def _check_inputs(self, out: Any, lse: Any) -> int:
+    def _check_inputs(self, out: Any, lse: Any, empty: Any, max_sum: Any) -> tuple[int, tuple[int, ...]]:
+        """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
         try:
-            key = (out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype, lse.device)
-        except AttributeError:
+            stats = [lse] if max_sum is None else list(max_sum)
+            key = (
+                out.shape,
+                out.stride(),
+                out.dtype,
+                out.device,
+                *((t.shape, t.stride(), t.dtype, t.device) for t in stats),
+                None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device),
+                max_sum is None,
+            )
+        except (AttributeError, TypeError):
             key = None
         if key is not None and key in self._checked_inputs:
-            return int(out.shape[0])
+            return math.prod(out.shape[:-2]), tuple(out.shape[:-2])
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor [B, H={self.H}, D={self.D}], got {type(out).__name__}")
-        if not isinstance(lse, torch.Tensor):
-            raise TypeError(f"lse must be a float32 torch.Tensor [B, H={self.H}], got {type(lse).__name__}")
-        if out.dim() != 3 or out.shape[1] != self.H or out.shape[2] != self.D:
-            raise ValueError(f"out must have shape [B, H={self.H}, D={self.D}]; got {_describe(out)}")
-        batch = out.shape[0]
+        if out.dim() not in (3, 4) or out.shape[-2] != self.H or out.shape[-1] != self.D:
+            raise ValueError(
+                f"out must have shape [B, H={self.H}, D={self.D}] or [R, T, H={self.H}, D={self.D}]; got {_describe(out)}"
+            )
+        lead = tuple(out.shape[:-2])
+        batch = math.prod(lead)
         if batch > self.B_max:
             raise ValueError(
-                f"out has B={batch} rows but this DcpExchange was built for B_max={self.B_max}; build it with a larger B_max"
+                f"out has B={batch} rows{'' if len(lead) == 1 else f' ({lead[0]} x {lead[1]})'} but this DcpExchange "
+                f"was built for B_max={self.B_max}; build it with a larger B_max"
             )
         if out.dtype != self.dtype:
             raise TypeError(
                 f"out must be {self.dtype} (the dtype this DcpExchange was built for); got {_describe(out)}"
             )
-        if lse.dim() != 2 or tuple(lse.shape) != (batch, self.H):
-            raise ValueError(f"lse must have shape [B={batch}, H={self.H}]; got {_describe(lse)}")
-        if lse.dtype != torch.float32:
-            raise TypeError(f"lse must be float32; got {_describe(lse)}")
-        for label, tensor in (("out", out), ("lse", lse)):
+        if out.device != self.device:
+            raise ValueError(
+                f"out must be on {self.device} (the device this DcpExchange was built for); got {_describe(out)}"
+            )
+        if (lse is None) == (max_sum is None):
+            raise TypeError("pass exactly one of lse and max_sum=(max, sum)")
+        if max_sum is not None and (not isinstance(max_sum, tuple | list) or len(max_sum) != 2):
+            raise TypeError(f"max_sum must be a (max, sum) pair of float32 tensors; got {type(max_sum).__name__}")
+        if max_sum is not None and self.lse_base == "2" and not self.spec.max_sum:
+            raise ValueError(
+                f"spec '{self.spec.name}' keeps LSEs, and pack turns (max, sum) into max + ln(sum) (natural log): "
+                "with lse_base '2' pass lse (or use a max_sum spec, whose combine works in base 2)"
+            )
+        names = ("lse",) if max_sum is None else ("max_sum[0] (max)", "max_sum[1] (sum)")
+        want = f"[B={lead[0]}, H={self.H}]" if len(lead) == 1 else f"[R={lead[0]}, T={lead[1]}, H={self.H}]"
+        for label, tensor in zip(names, [lse] if max_sum is None else list(max_sum), strict=True):
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{label} must be a float32 torch.Tensor {want}, got {type(tensor).__name__}")
+            if tuple(tensor.shape) != (*lead, self.H):
+                raise ValueError(f"{label} must have shape {want}; got {_describe(tensor)}")
+            if tensor.dtype != torch.float32:
+                raise TypeError(f"{label} must be float32; got {_describe(tensor)}")
             if tensor.device != self.device:
                 raise ValueError(
-                    f"{label} must be on {self.device} (the device this DcpExchange was built for); "
-                    f"got {_describe(tensor)}"
+                    f"{label} must be on {self.device} (the device this DcpExchange was built for); got {_describe(tensor)}"
                 )
+        if empty is not None and (
+            not isinstance(empty, torch.Tensor) or empty.dtype != torch.bool or tuple(empty.shape) != lead[:1]
+        ):
+            got = _describe(empty) if isinstance(empty, torch.Tensor) else type(empty).__name__
+            raise ValueError(
+                f"empty must be None or a torch.bool tensor [R={lead[0]}] (one flag per request); got {got}"
+            )
+        if empty is not None and empty.device != self.device:
+            raise ValueError(
+                f"empty must be on {self.device} (the device this DcpExchange was built for); got {_describe(empty)}"
+            )
         if key is not None:
             self._checked_inputs.add(key)
-        return int(batch)
+        return int(batch), lead
 
     def __call__(
         self,
         out: torch.Tensor,
-        lse: torch.Tensor,
+        lse: torch.Tensor | None = None,
         return_lse: bool = False,
         *,
+        empty: torch.Tensor | None = None,
+        max_sum: tuple[torch.Tensor, torch.Tensor] | None = None,
+        scale: float = 1.0,
         merged_out: torch.Tensor | None = None,
     ) -> Any:
-        """Pack -> exchange -> combine: this rank's merged ``[B, H/N, D]``, and ``[B, H/N]`` LSE when
-        ``return_lse``. ``merged_out`` (``[B, H/N, D]``, ``out``'s dtype and device) receives the result
-        instead of a new tensor."""
-        B = self._check_inputs(out, lse)
+        """Pack -> exchange -> combine: this rank's merged ``[B, H/N, D]`` (``[R, T, H/N, D]`` for a 4-D
+        ``out``), and its LSE (``[B, H/N]`` / ``[R, T, H/N]``, in ``lse_base``) when ``return_lse``.
+
+        ``lse`` or ``max_sum=(max, sum)`` give the statistics (see the module's ``pack``); ``empty`` (bool
+        ``[R]``) marks requests with nothing on this rank: they count as empty shards everywhere.
+        ``scale`` multiplies the merged output. ``merged_out`` (the result's shape, ``out``'s dtype and
+        device) receives the result instead of a new tensor."""
+        B, lead = self._check_inputs(out, lse, empty, max_sum)
         if self.world_size == 1:
-            if merged_out is not None:
-                merged_out.copy_(out)
-                out = merged_out
-            return (out, lse) if return_lse else out
+            return self._single_rank(out, lse, return_lse, empty, max_sum, scale, merged_out)
+        h = self.heads_per_rank
+        flat_out = None if merged_out is None else merged_out.view(B, h, self.D)
         if B == 0:
             # Every rank has the same B: all of them skip the collective together.
-            merged = out.new_empty((0, self.heads_per_rank, self.D)) if merged_out is None else merged_out
-            return (merged, lse.new_empty((0, self.heads_per_rank))) if return_lse else merged
+            merged = out.new_empty((*lead, h, self.D)) if merged_out is None else merged_out
+            return (merged, out.new_empty((*lead, h), dtype=torch.float32)) if return_lse else merged
         send, recv = self.batch_buffers(B)
-        self.module.pack(out, lse, send)
+        self.module.pack(out, lse, send, empty=empty, max_sum=max_sum)
         if self.exchange_fn is not None:
             self.exchange_fn(send.tensors, recv.tensors)
         else:
             self.module.exchange(send, recv, self.group)
-        merged, merged_lse = self.module.combine(recv, B, lse_base=self.lse_base, out=merged_out, return_lse=return_lse)
+        merged, merged_lse = self.module.combine(
+            recv, B, lse_base=self.lse_base, out=flat_out, return_lse=return_lse, scale=scale
+        )
+        if len(lead) == 2:
+            merged = merged.view(*lead, h, self.D) if merged_out is None else merged_out
+            merged_lse = None if merged_lse is None else merged_lse.view(*lead, h)
+        elif merged_out is not None:
+            merged = merged_out
         return (merged, merged_lse) if return_lse else merged
+
+    def _single_rank(
+        self,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        return_lse: bool,
+        empty: torch.Tensor | None,
+        max_sum: Any,
+        scale: float,
+        merged_out: torch.Tensor | None,
+    ) -> Any:
+        """A group of one rank: the merge of one partial is the partial itself (its rows of empty requests
+        0 and LSE -inf, (max, sum) as max + log(sum), times `scale`); untouched when none of those apply."""
+        if max_sum is not None:
+            maximum, total = max_sum
+            log = torch.log2 if self.lse_base == "2" else torch.log
+            lse = torch.where(total > 0, maximum + log(total), float("-inf"))
+        assert lse is not None
+        if empty is not None:
+            rows = empty.view(-1, *([1] * (out.dim() - 1)))
+            out = torch.where(rows, torch.zeros((), dtype=out.dtype, device=out.device), out)
+            lse = torch.where(empty.view(-1, *([1] * (lse.dim() - 1))), float("-inf"), lse)
+        if scale != 1.0:
+            out = (out.to(torch.float32) * scale).to(out.dtype)
+        if merged_out is not None:
+            merged_out.copy_(out)
+            out = merged_out
+        return (out, lse) if return_lse else out
 
     def __repr__(self) -> str:
         return (

@@ -2,9 +2,11 @@
 
 `LayoutBuffers` is what a generated module's `alloc` returns and what the
 reference packs into: dense C-contiguous tensors in the order of the spec's
-axes, plus the strided logical views `payload_view(B) -> [N, B, H/N, D]` and
-`lse_view(B) -> [N, B, H/N]`.  The views are derived from the spec alone, so
-the reference and every generated module agree on where each byte lives.
+axes, plus the strided logical views `payload_view(B) -> [N, B, H/N, D]` and,
+per stats word, `[N, B, H/N]` float32: `lse_view(B)` for an `lse`-form spec,
+`max_view(B)` and `sum_view(B)` for a `max_sum` one (`stats_views(B)` gives
+whichever the spec has, by name).  The views are derived from the spec alone,
+so the reference and every generated module agree on where each byte lives.
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ from layoutgen.dcp.spec import PAYLOAD_AXES, STATS_AXES, DcpSpec, PayloadDtype
 #: Activation dtypes a pack accepts for `out` (docs/design.md §4).
 INPUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 LSE_BYTES = 4
+#: The stats words of each form, in their order in a row tail.
+STATS_WORDS: dict[bool, tuple[str, ...]] = {False: ("lse",), True: ("max", "sum")}
+
+
+def stats_words(spec: DcpSpec) -> tuple[str, ...]:
+    """Names of the float32 stats words per (peer, batch, head) entry: ("lse",) or ("max", "sum")."""
+    return STATS_WORDS[spec.max_sum]
 
 
 def wire_dtype(spec: DcpSpec, dtype: torch.dtype) -> torch.dtype:
@@ -26,11 +35,12 @@ def wire_dtype(spec: DcpSpec, dtype: torch.dtype) -> torch.dtype:
 
 
 def row_length(spec: DcpSpec, head_dim: int, elem_size: int) -> int:
-    """Extent of the payload's `dim` axis in elements: D, or D + LSE tail rounded up to align_bytes."""
+    """Extent of the payload's `dim` axis in elements: D, or D + the stats tail (4 bytes per word) rounded up
+    to align_bytes."""
     if not spec.row_tail:
         return head_dim
     align = spec.align_bytes or LSE_BYTES
-    row_bytes = head_dim * elem_size + LSE_BYTES
+    row_bytes = head_dim * elem_size + LSE_BYTES * spec.stats.words
     row_bytes = -(-row_bytes // align) * align
     return row_bytes // elem_size
 
@@ -64,7 +74,7 @@ def check_shape(spec: DcpSpec, shape: Shape) -> None:
     elem_size = wire_dtype(spec, shape.dtype).itemsize
     if spec.row_tail and (shape.D * elem_size) % LSE_BYTES:
         raise ValueError(
-            f"spec '{spec.name}' stores the LSE in the row tail, which needs D * element size to be a "
+            f"spec '{spec.name}' stores its stats in the row tail, which needs D * element size to be a "
             f"multiple of 4 bytes; got D={shape.D} with {wire_dtype(spec, shape.dtype)} "
             f"({shape.D * elem_size} bytes). Use an even D, or a spec with stats placement: separate"
         )
@@ -140,21 +150,51 @@ class LayoutBuffers:
         self._check_batch(B)
         return self._logical_payload()[:, :B, :, : self.D]
 
-    def lse_view(self, B: int) -> torch.Tensor:
-        """[N, B, H/N] strided float32 view of the LSE words."""
+    def word_view(self, B: int, word: int) -> torch.Tensor:
+        """[N, B, H/N] strided float32 view of stats word `word` (0: the LSE or the max, 1: the sum)."""
         self._check_batch(B)
+        if not 0 <= word < self.spec.stats.words:
+            raise ValueError(f"spec '{self.spec.name}' has {self.spec.stats.words} stats word(s); no word {word}")
         if self.spec.row_tail:
             payload = self.tensors["payload"]
             if payload.dtype == torch.float32:
-                return self._logical_payload()[:, :B, :, self.D]
-            # dim is innermost (validated): reinterpret the tail's bytes as one float32 word.
-            words = LSE_BYTES // payload.element_size()
-            tail = payload[..., self.D : self.D + words].view(torch.float32)[..., 0]
+                return self._logical_payload()[:, :B, :, self.D + word]
+            # dim is innermost (validated): reinterpret the tail's bytes as float32 words.
+            per_word = LSE_BYTES // payload.element_size()
+            start = self.D + word * per_word
+            tail = payload[..., start : start + per_word].view(torch.float32)[..., 0]
             outer = self.spec.payload.axes[:-1]
             return tail.permute([outer.index(a) for a in PAYLOAD_AXES[:-1]])[:, :B]
         axes = self.spec.stats.axes or STATS_AXES
         stats = self.tensors["stats"].permute([axes.index(a) for a in STATS_AXES])
-        return stats[:, :B, :, self.spec.stats.slot]
+        slot = (self.spec.stats.max_slot, self.spec.stats.sum_slot)[word] if self.spec.max_sum else self.spec.stats.slot
+        return stats[:, :B, :, slot]
+
+    def lse_view(self, B: int) -> torch.Tensor:
+        """[N, B, H/N] strided float32 view of the LSE words (an `lse`-form spec)."""
+        if self.spec.max_sum:
+            raise ValueError(
+                f"spec '{self.spec.name}' keeps (max, sum) stats, not an LSE: use max_view(B) and sum_view(B)"
+            )
+        return self.word_view(B, 0)
+
+    def max_view(self, B: int) -> torch.Tensor:
+        """[N, B, H/N] strided float32 view of the max words (a `max_sum` spec)."""
+        self._require_max_sum("max_view")
+        return self.word_view(B, 0)
+
+    def sum_view(self, B: int) -> torch.Tensor:
+        """[N, B, H/N] strided float32 view of the sum words (a `max_sum` spec)."""
+        self._require_max_sum("sum_view")
+        return self.word_view(B, 1)
+
+    def stats_views(self, B: int) -> dict[str, torch.Tensor]:
+        """Every stats word's [N, B, H/N] view by name: {"lse": ...} or {"max": ..., "sum": ...}."""
+        return {name: self.word_view(B, word) for word, name in enumerate(stats_words(self.spec))}
+
+    def _require_max_sum(self, method: str) -> None:
+        if not self.spec.max_sum:
+            raise ValueError(f"spec '{self.spec.name}' keeps one LSE word per entry: use lse_view(B), not {method}")
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{name}={tuple(t.shape)}" for name, t in self.tensors.items())

@@ -6,9 +6,10 @@ Generated modules route here by themselves while `torch.compiler.is_compiling()`
 registers the ops.  The ops
 take tensors and ints, not the buffers object:
 
-* `torch.ops.layoutgen.pack(out, lse, buffers, module, N, B_max, H, D, config)`
-  writes into `buffers` (the buffers object's tensors, in `bufs.tensors` order);
-* `torch.ops.layoutgen.combine(buffers, out, out_lse, module, N, B_max, H, D, B, lse_base, config)`
+* `torch.ops.layoutgen.pack(out, lse, buffers, module, N, B_max, H, D, config, empty=None, max_stats=None, sum_stats=None)`
+  writes into `buffers` (the buffers object's tensors, in `bufs.tensors` order); `lse` is None when the
+  statistics come as `max_stats` and `sum_stats`, `empty` the optional bool mask [R];
+* `torch.ops.layoutgen.combine(buffers, out, out_lse, module, N, B_max, H, D, B, lse_base, config, scale=1.0)`
   writes `out` [B, H/N, D] and, unless None, `out_lse` [B, H/N] (float32, contiguous).
 
 `module` is the generated module's `__name__`, `config` a config's fields in
@@ -51,7 +52,7 @@ def _config(kernel: str, values: list[int]) -> Any:
 @torch.library.custom_op("layoutgen::pack", mutates_args=("buffers",))
 def pack_op(
     out: torch.Tensor,
-    lse: torch.Tensor,
+    lse: torch.Tensor | None,
     buffers: list[torch.Tensor],
     module: str,
     N: int,
@@ -59,17 +60,22 @@ def pack_op(
     H: int,
     D: int,
     config: list[int],
+    empty: torch.Tensor | None = None,
+    max_stats: torch.Tensor | None = None,
+    sum_stats: torch.Tensor | None = None,
 ) -> None:
-    """Scatter out [B, H, D] and lse [B, H] into the layout's buffers (see the generated module's pack)."""
+    """Scatter out [B, H, D] (or [R, T, H, D]) and lse, or (max, sum), into the layout's buffers, rows of
+    empty requests as +0.0 and an empty entry (see the generated module's pack)."""
     owner = dispatcher(module)
     bufs = buffers_from_tensors(owner.spec, buffers, N, B_max, H, D, out.dtype)
-    owner.pack(out, lse, bufs, _config("pack", config))
+    max_sum = None if max_stats is None and sum_stats is None else (max_stats, sum_stats)
+    owner.pack(out, lse, bufs, _config("pack", config), empty, max_sum)
 
 
 @pack_op.register_fake
 def _pack_fake(
     out: torch.Tensor,
-    lse: torch.Tensor,
+    lse: torch.Tensor | None,
     buffers: list[torch.Tensor],
     module: str,
     N: int,
@@ -77,6 +83,9 @@ def _pack_fake(
     H: int,
     D: int,
     config: list[int],
+    empty: torch.Tensor | None = None,
+    max_stats: torch.Tensor | None = None,
+    sum_stats: torch.Tensor | None = None,
 ) -> None:
     return None
 
@@ -94,12 +103,14 @@ def combine_op(
     B: int,
     lse_base: str,
     config: list[int],
+    scale: float = 1.0,
 ) -> None:
-    """Merge the N partials of the first B rows of the buffers into out (and out_lse unless None)."""
+    """Merge the N partials of the first B rows of the buffers into out (and out_lse unless None), the
+    merged output multiplied by `scale`."""
     owner = dispatcher(module)
     bufs = buffers_from_tensors(owner.spec, buffers, N, B_max, H, D, out.dtype)
     return_lse = out_lse is not None
-    plan = owner.combine_plan(bufs, B, lse_base, out, return_lse, _config("combine", config))
+    plan = owner.combine_plan(bufs, B, lse_base, out, return_lse, _config("combine", config), scale)
     if out_lse is not None and (
         tuple(out_lse.shape) != plan.out_shape[:2]
         or out_lse.dtype != torch.float32
@@ -127,5 +138,6 @@ def _combine_fake(
     B: int,
     lse_base: str,
     config: list[int],
+    scale: float = 1.0,
 ) -> None:
     return None

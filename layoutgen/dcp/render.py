@@ -36,31 +36,58 @@ def kernel_context(spec: DcpSpec) -> dict[str, object]:
         "payload_row_offset": wrap_sum(offset_sum(payload_axes, payload_stride, "payload", in_rows), 4),
         "payload_peer_term": offset_sum(payload_axes, payload_stride, "payload", {"peer": "peer"}),
     }
+    max_sum = spec.max_sum
     if row_tail:
         lse_axes = [a for a in payload_axes if a != "dim"]
         lse_strides, lse_prefix = payload_stride, "payload"
         tail = "HEAD_DIM" if payload_stride["dim"] == "1" else "HEAD_DIM * payload_stride_dim"
         cast = spec.payload.dtype is not PayloadDtype.FLOAT32
         base = "payload_ptr"
-        context["lse_desc"] = (
-            "the float32 bits right after the HEAD_DIM payload elements of each row"
-            if cast
-            else "element HEAD_DIM of each float32 payload row"
-        )
+        if cast:
+            where = "the float32 bits right after the HEAD_DIM payload elements of each row"
+            # The sum's word follows the max's: one float32 word on, once the pointer is a float32 pointer.
+            sum_word = "+ 1"
+        else:
+            where = "element HEAD_DIM of each float32 payload row"
+            sum_word = "+ 1" if payload_stride["dim"] == "1" else "+ payload_stride_dim"
+        context["lse_desc"] = f"{where} holds the max, the next float32 word the sum" if max_sum else where
         context["stats_axes"], context["stats_stride"], context["stats_desc"] = [], {}, ""
+        stats_innermost = lse_axes[-1]
     else:
         stats_axes = spec.stats.axes
-        if stats_axes is None or spec.stats.slot is None:  # filled in by the spec's validator
-            raise RuntimeError(f"spec {spec.name}: a separate stats buffer without axes or slot")
+        if stats_axes is None or spec.stats.slots is None:  # filled in by the spec's validator
+            raise RuntimeError(f"spec {spec.name}: a separate stats buffer without axes or slots")
         lse_strides = stride_expressions(stats_axes, {**_EXTENT, "slot": str(spec.stats.slots)})
         lse_axes, lse_prefix = [a for a in stats_axes if a != "slot"], "stats"
-        slot = spec.stats.slot
-        tail = "" if slot == 0 else (str(slot) if lse_strides["slot"] == "1" else f"{slot} * stats_stride_slot")
+        slot_stride = lse_strides["slot"]
+        if max_sum:
+            if spec.stats.max_slot is None or spec.stats.sum_slot is None:  # filled in by the spec's validator
+                raise RuntimeError(f"spec {spec.name}: a max_sum stats buffer without max_slot or sum_slot")
+            slot = spec.stats.max_slot
+            step = spec.stats.sum_slot - spec.stats.max_slot
+            sum_word = _scaled(step, "" if slot_stride == "1" else "stats_stride_slot")
+            context["lse_desc"] = (
+                f"words {spec.stats.max_slot} (max) and {spec.stats.sum_slot} (sum) of {spec.stats.slots} per "
+                "entry of the stats buffer"
+            )
+        else:
+            if spec.stats.slot is None:  # filled in by the spec's validator
+                raise RuntimeError(f"spec {spec.name}: a separate stats buffer without a slot")
+            slot, sum_word = spec.stats.slot, ""
+            context["lse_desc"] = f"word {slot} of {spec.stats.slots} per entry of the stats buffer"
+        tail = "" if slot == 0 else (str(slot) if slot_stride == "1" else f"{slot} * stats_stride_slot")
         cast, base = False, "stats_ptr"
-        context["lse_desc"] = f"word {slot} of {spec.stats.slots} per entry of the stats buffer"
         context["stats_axes"] = list(stats_axes)
         context["stats_stride"] = lse_strides
         context["stats_desc"] = f"stats [{', '.join(stats_axes)}]"
+        stats_innermost = stats_axes[-1]
+    context["max_sum"] = max_sum
+    context["sum_word"] = sum_word
+    context["stats_form"] = "max_sum" if max_sum else "lse"
+    # Stores run along batch when it is a destination's innermost axis: pack then stores whole tiles without the
+    # live-batch bound (see the template), which Triton could not prove to keep vectors of rows whole.
+    context["payload_batch_innermost"] = payload_axes[-1] == "batch"
+    context["stats_batch_innermost"] = stats_innermost == "batch"
     lse_order = tuple(lse_axes)
 
     def with_tail(offset: str) -> str:
@@ -81,6 +108,13 @@ def kernel_context(spec: DcpSpec) -> dict[str, object]:
     return context
 
 
+def _scaled(count: int, stride: str) -> str:
+    """`count` words along an axis of stride `stride` ("" for 1) as the step from one pointer to another:
+    `+ 1`, `- 1`, `+ stats_stride_slot`, `- 2 * stats_stride_slot`."""
+    term = str(abs(count)) if not stride else (stride if abs(count) == 1 else f"{abs(count)} * {stride}")
+    return f"{'+' if count > 0 else '-'} {term}"
+
+
 def module_context(spec: DcpSpec) -> dict[str, Any]:
     """The kernel context plus what the module template's docstring and API need."""
     context: dict[str, Any] = kernel_context(spec)
@@ -91,6 +125,7 @@ def module_context(spec: DcpSpec) -> dict[str, Any]:
     ]
     if not spec.row_tail:
         buffer_lines.append(f"{context['stats_desc']}, float32, {spec.stats.slots} slot(s)")
+    context["stats_label"] = "(max, sum)" if spec.max_sum else "LSE"
     context["buffer_lines"] = buffer_lines
     context["transport"] = spec.transport.value
     context["transport_desc"] = (

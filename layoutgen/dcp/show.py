@@ -1,10 +1,13 @@
 """The DCP family's words for `layoutgen show` / `layoutgen diff`: a spec's buffers as a `ByteLayout`.
 
 The buffers are the ones `LayoutBuffers` allocates, and the placements are the strided views the
-reference packs through (`payload_view(B)` [peer, batch, head, dim] and `lse_view(B)` [peer, batch,
-head]), so the map is right by construction.  The batch capacity is one more than the live batch so that
-an unused row shows.  Bytes no view covers are "unused" in rows b >= B and in every other stats slot, and
-"padding" where they lie in a live payload row (its tail rounded up to align_bytes).
+reference packs through (`payload_view(B)` [peer, batch, head, dim] and, per stats word, `lse_view(B)` or
+`max_view(B)` / `sum_view(B)` [peer, batch, head]), so the map is right by construction.  The batch
+capacity is one more than the live batch so that an unused row shows.  Bytes no view covers are "unused"
+in rows b >= B and in every other stats slot, and "padding" where they lie in a live payload row (its
+tail rounded up to align_bytes).  With the extent E (`--empty`) the last E live rows are drawn as rows of
+empty requests (pack's `empty=`): their payload is kind "empty" (written as +0.0), their stats words are
+labelled with the value pack writes (-inf; a sum 0).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 import torch
 
-from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape
+from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape, stats_words
 from layoutgen.dcp.spec import PAYLOAD_AXES, DcpSpec, Transport
 from layoutgen.show.facts import ASSUMED_BASE_ALIGN, WIDEST_STORE_BYTES, Facts
 from layoutgen.show.model import (
@@ -44,39 +47,65 @@ KINDS: tuple[Kind, ...] = (
     Kind("padding", Look.FILLER, byte_total=True),
     Kind("unused", Look.VOID, byte_total=True),
 )
-PADDING, UNUSED = 2, 3
+#: The payload of a row whose request is empty (pack writes +0.0 there); drawn only when E > 0.
+EMPTY_KIND = Kind("empty", Look.FILLER)
+#: The empty rows' placement indexes them from 0 (the e-th of the E empty rows is batch row B - E + e).
+EMPTY_ROW_AXIS = "empty_row"
+EMPTY_ROW_AXES: tuple[str, ...] = ("peer", EMPTY_ROW_AXIS, "head", "dim")
+#: What pack writes into each stats word of an empty row.
+EMPTY_VALUES = {"lse": "-inf", "max": "-inf", "sum": "0"}
+
+
+def kinds_of(spec: DcpSpec, empty_rows: int) -> tuple[Kind, ...]:
+    """The kinds of a drawing: payload, [empty], the spec's stats words (lse, or max and sum), padding, unused.
+    An lse spec without empty rows has exactly KINDS (its drawings are the ones before contract v2)."""
+    words = tuple(Kind(word, Look.MARKED) for word in stats_words(spec))
+    return (KINDS[0], *((EMPTY_KIND,) if empty_rows else ()), *words, *KINDS[2:])
+
+
 DTYPES = ("bfloat16", "float16", "float32")
 SIZE_HINT = "Use smaller --batch/--heads/--D: the pattern is the same at any size"
 
 
 def drawing_shape(shape: Mapping[str, int]) -> dict[str, int]:
-    """N, B, H, D of a drawing: the family's drawing defaults for extents not given; unknown ones refused."""
-    from layoutgen.dcp import DcpFamily
+    """N, B, H, D (and E, the empty rows) of a drawing: the family's drawing defaults for extents not given;
+    unknown ones refused."""
+    from layoutgen.family import get_family
 
-    unknown = sorted(set(shape) - set(DcpFamily.show_shape))
+    defaults = get_family("dcp").show_shape
+    unknown = sorted(set(shape) - set(defaults))
     if unknown:
-        raise ValueError(f"a DCP drawing has no extent {', '.join(unknown)}; its extents: N, B, H, D")
-    values = {**DcpFamily.show_shape, **shape}
+        raise ValueError(f"a DCP drawing has no extent {', '.join(unknown)}; its extents: N, B, H, D, E")
+    values = {**defaults, **shape}
     batch = values["B"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"B (live batch rows) must be an int >= 1, got {batch!r}")
+    empty = values["E"]
+    if isinstance(empty, bool) or not isinstance(empty, int) or not 0 <= empty <= batch:
+        raise ValueError(
+            f"E (empty rows, the last E of the B={batch} live rows) must be an int in [0, B], got {empty!r}"
+        )
     return values
 
 
 def describe(values: Mapping[str, int], dtype: str) -> str:
-    N, B, H, D = values["N"], values["B"], values["H"], values["D"]
-    return f"N={N} peers, B={B} live rows (B_max={B + 1}), H={H} heads ({H // N} per peer), D={D}, out in {dtype}"
+    N, B, H, D, E = values["N"], values["B"], values["H"], values["D"], values["E"]
+    empty = f" ({E} of them empty)" if E else ""
+    return (
+        f"N={N} peers, B={B} live rows{empty} (B_max={B + 1}), H={H} heads ({H // N} per peer), D={D}, out in {dtype}"
+    )
 
 
 def byte_layout(spec: DcpSpec, shape: Mapping[str, int], dtype: str) -> ByteLayout:
-    """The buffers of `spec` at N, B (B_max = B + 1), H, D and `dtype`, and DCP's vocabulary to draw them.
+    """The buffers of `spec` at N, B (B_max = B + 1), H, D and `dtype`, and DCP's vocabulary to draw them;
+    the last E live rows drawn as empty requests' rows.
 
     The size is checked from the shape before anything is allocated.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     values = drawing_shape(shape)
-    N, B, H, D = values["N"], values["B"], values["H"], values["D"]
+    N, B, H, D, E = values["N"], values["B"], values["H"], values["D"], values["E"]
     sized = Shape(N, B + 1, H, D, getattr(torch, dtype))
     check_shape(spec, sized)
     shape_text = describe(values, dtype)
@@ -84,44 +113,60 @@ def byte_layout(spec: DcpSpec, shape: Mapping[str, int], dtype: str) -> ByteLayo
     check_drawing_size(total, f"the buffers of '{spec.name}' at {shape_text}", SIZE_HINT)
     bufs = LayoutBuffers.allocate(spec, N, B + 1, H, D, sized.dtype, "cpu")
     axes = {name: tuple(found_axes) for name, (found_axes, _, _) in buffer_shapes(spec, sized).items()}
+    kinds = kinds_of(spec, E)
+    names = [kind.name for kind in kinds]
+    padding, unused = names.index("padding"), names.index("unused")
 
     def classify(info: BufferInfo, coords: torch.Tensor) -> torch.Tensor:
         beyond_batch = coords[:, info.axes.index("batch")] >= B
         if info.name == "payload":
-            return torch.where(beyond_batch, UNUSED, PADDING).to(torch.int64)
-        return torch.full(beyond_batch.shape, UNUSED, dtype=torch.int64)
+            return torch.where(beyond_batch, unused, padding).to(torch.int64)
+        return torch.full(beyond_batch.shape, unused, dtype=torch.int64)
 
+    payload = bufs.payload_view(B)
+    placements = [Placement("payload", payload[:, : B - E], PAYLOAD_AXES)]
+    if E:
+        # Its own row axis: view index e is buffer row B - E + e (a view axis named `batch` would claim index e).
+        placements.append(Placement("empty", payload[:, B - E :], EMPTY_ROW_AXES, tag="+0.0"))
+    placements += [Placement(word, view, LSE_AXES, tag=word) for word, view in bufs.stats_views(B).items()]
+    header_shape: dict[str, Any] = {"N": N, "B": B, "B_max": B + 1, "H": H, "heads_per_peer": H // N, "D": D}
+    shape_json: dict[str, Any] = {"N": N, "B": B, "B_max": B + 1, "H": H, "D": D}
+    if E:
+        header_shape["E"] = shape_json["E"] = E
     return ByteLayout(
         name=spec.name,
         shape_text=shape_text,
         buffers=tuple(Buffer(name, tensor, axes[name]) for name, tensor in bufs.tensors.items()),
-        placements=(
-            Placement("payload", bufs.payload_view(B), PAYLOAD_AXES),
-            Placement("lse", bufs.lse_view(B), LSE_AXES, tag="lse"),
-        ),
-        kinds=KINDS,
-        axis_letters=AXIS_LETTERS,
+        placements=tuple(placements),
+        kinds=kinds,
+        axis_letters={**AXIS_LETTERS, EMPTY_ROW_AXIS: "e"} if E else AXIS_LETTERS,
         colour_axis="peer",
-        label=lambda run: label(run, B),
-        legend=legend(B),
+        label=lambda run: label(run, B, E),
+        legend=legend(spec, B, E),
         summary=lambda bmap, found: summary(spec, values, bmap, found),
-        elements_phrase=lambda counts: (
-            f"{counts['payload']} payload elements and {counts['lse']} LSE words of the first B={B} rows"
-        ),
+        elements_phrase=lambda counts: elements_phrase(spec, counts, B),
         json_header={
             "spec": spec.name,
             "layout_hash": spec.layout_hash(),
             "transport": spec.transport.value,
-            "shape": {"N": N, "B": B, "B_max": B + 1, "H": H, "heads_per_peer": H // N, "D": D, "dtype": dtype},
+            "shape": {**header_shape, "dtype": dtype},
         },
-        shape_json={"N": N, "B": B, "B_max": B + 1, "H": H, "D": D, "dtype": dtype},
+        shape_json={**shape_json, "dtype": dtype},
         unassigned=classify,
         extra_facts=lambda bmap, found: lse_facts(spec, bmap, found),
     )
 
 
-def label(run: Run, live_batch: int) -> str:
-    """Short text for a cell, e.g. `p1 b0 h3 d0..15`, `p1 b0 h3 lse`, `pad 12B`, `s1 unused`."""
+def elements_phrase(spec: DcpSpec, counts: Mapping[str, int], live_batch: int) -> str:
+    """What a diff counted, e.g. "64 payload elements and 4 LSE words of the first B=2 rows"."""
+    payload = counts["payload"] + counts.get("empty", 0)
+    words = f"{counts['max']} max and {counts['sum']} sum words" if spec.max_sum else f"{counts['lse']} LSE words"
+    return f"{payload} payload elements and {words} of the first B={live_batch} rows"
+
+
+def label(run: Run, live_batch: int, empty_rows: int = 0) -> str:
+    """Short text for a cell, e.g. `p1 b0 h3 d0..15`, `p1 b0 h3 lse`, `p1 b1 h3 max -inf`, `pad 12B`,
+    `s1 unused`."""
     if run.kind == "padding":
         return f"pad {run.length}B"
     slot, batch = run.range("slot"), run.range("batch")
@@ -129,14 +174,38 @@ def label(run: Run, live_batch: int) -> str:
         return f"{format_range(AXIS_LETTERS['slot'], slot)} unused"
     if run.kind == "payload":
         return " ".join(axes_label(run, tuple(AXIS_LETTERS), AXIS_LETTERS))
-    return " ".join([*axes_label(run, LSE_AXES, AXIS_LETTERS), run.kind])
+    if run.kind == "empty":
+        return " ".join([*axes_label(run, tuple(AXIS_LETTERS), AXIS_LETTERS), "+0.0"])
+    words = [*axes_label(run, LSE_AXES, AXIS_LETTERS), run.kind]
+    if run.kind in EMPTY_VALUES and batch is not None and batch[0] >= live_batch - empty_rows:
+        words.append(EMPTY_VALUES[run.kind])
+    return " ".join(words)
 
 
-def legend(live_batch: int) -> Legend:
+def legend(spec: DcpSpec, live_batch: int, empty_rows: int = 0) -> Legend:
+    if spec.max_sum:
+        stats: tuple[LegendEntry, ...] = (
+            LegendEntry("max", " max ", "float32 running max", "max (float32)"),
+            LegendEntry("sum", " sum ", "float32 sum of exponentials", "sum (float32)"),
+        )
+    else:
+        stats = (LegendEntry("lse", " lse ", "float32 LSE word", "LSE (float32)"),)
+    empty: tuple[LegendEntry, ...] = ()
+    if empty_rows:
+        words = "(max, sum) (-inf, 0)" if spec.max_sum else "LSE -inf"
+        empty = (
+            LegendEntry(
+                "empty",
+                "+0.0",
+                f"rows of empty requests (b >= {live_batch - empty_rows}): +0.0, {words}",
+                f"empty row (+0.0; {words})",
+            ),
+        )
     return Legend(
         colour_title="peers",
         entries=(
-            LegendEntry("lse", " lse ", "float32 LSE word", "LSE (float32)"),
+            *empty,
+            *stats,
             LegendEntry("padding", "pad", "alignment padding", "padding"),
             LegendEntry(
                 "unused",
@@ -145,23 +214,56 @@ def legend(live_batch: int) -> Legend:
                 f"unused (b >= {live_batch}, other slots)",
             ),
         ),
-        key="p peer, b batch row, h head of the peer's block, d position in the row (wire elements), s stats slot",
+        key="p peer, b batch row, h head of the peer's block, d position in the row (wire elements), s stats slot"
+        + (f", e empty row (batch row {live_batch - empty_rows} + e)" if empty_rows else ""),
     )
 
 
 def lse_facts(spec: DcpSpec, bmap: ByteMap, found: Facts) -> dict[str, Any]:
-    """Where the LSE lives: its buffer, the byte of its word in each row (row_tail with dim innermost) or
-    the stats slots that hold it (separate)."""
-    lse_runs = [run for run in bmap.runs if run.kind == "lse"]
+    """Where the stats live: their buffer, the byte of the first word in each row (row_tail with dim
+    innermost) and the stats slots that hold them (separate); for a max_sum spec also each word's slots."""
+    words = stats_words(spec)
+    word_runs = {word: [run for run in bmap.runs if run.kind == word] for word in words}
     row_stride = {buffer.name: buffer.row_bytes for buffer in found.buffers}
     tail_in_rows = spec.row_tail and spec.payload.axes[-1] == "dim"
-    in_row = sorted({run.offset % row_stride[run.buffer] for run in lse_runs}) if tail_in_rows else []
-    slots = sorted({i for run in lse_runs if (slot := run.range("slot")) is not None for i in range(*slot)})
-    return {
-        "lse_buffer": lse_runs[0].buffer if lse_runs else "",
-        "lse_offsets_in_row": in_row,
-        "lse_slots": slots,
+
+    def offsets(runs: list[Run]) -> list[int]:
+        return sorted({run.offset % row_stride[run.buffer] for run in runs}) if tail_in_rows else []
+
+    def slots(runs: list[Run]) -> list[int]:
+        return sorted({i for run in runs if (slot := run.range("slot")) is not None for i in range(*slot)})
+
+    first = word_runs[words[0]]
+    every = [run for runs in word_runs.values() for run in runs]
+    facts: dict[str, Any] = {
+        "lse_buffer": first[0].buffer if first else "",
+        "lse_offsets_in_row": offsets(first),
+        "lse_slots": slots(every),
     }
+    if spec.max_sum:
+        facts["stats_form"] = "max_sum"
+        for word in words:
+            facts[f"{word}_offsets_in_row"] = offsets(word_runs[word])
+            facts[f"{word}_slots"] = slots(word_runs[word])
+    return facts
+
+
+def _max_sum_sentence(spec: DcpSpec, D: int, bmap: ByteMap, facts: Mapping[str, Any]) -> str:
+    """Where a max_sum spec keeps its two float32 words."""
+    if spec.row_tail and spec.payload.axes[-1] == "dim":
+        first = ", ".join(str(offset) for offset in facts["max_offsets_in_row"])
+        second = ", ".join(str(offset) for offset in facts["sum_offsets_in_row"])
+        return (
+            f"Stats (max, sum): the max's float32 word at byte {first} and the sum's at byte {second} of every "
+            f"{facts['lse_buffer']} row (after the D elements)."
+        )
+    if spec.row_tail:
+        return f"Stats (max, sum): the float32 elements at index D={D} (max) and D+1={D + 1} (sum) of the dim axis."
+    stats = bmap.buffer(facts["lse_buffer"])
+    slots = stats.extents[stats.axes.index("slot")]
+    max_slot = ", ".join(str(slot) for slot in facts["max_slots"])
+    sum_slot = ", ".join(str(slot) for slot in facts["sum_slots"])
+    return f"Stats (max, sum): slot {max_slot} (max) and slot {sum_slot} (sum) of {slots} float32 words per entry of {stats.name}."
 
 
 def summary(spec: DcpSpec, values: Mapping[str, int], bmap: ByteMap, found: Facts) -> str:
@@ -207,7 +309,9 @@ def summary(spec: DcpSpec, values: Mapping[str, int], bmap: ByteMap, found: Fact
             row_payload = D * bmap.buffer("payload").elem_bytes
             verdict += f" (a row's D elements are {row_payload} bytes, not a multiple of 16)"
     sentences.append(f"Payload runs start and end on {store}-byte boundaries: {verdict}.")
-    if spec.row_tail and dim_innermost:
+    if spec.max_sum:
+        sentences.append(_max_sum_sentence(spec, D, bmap, lse))
+    elif spec.row_tail and dim_innermost:
         where = ", ".join(str(offset) for offset in lse["lse_offsets_in_row"])
         sentences.append(
             f"LSE: a float32 word at byte {where} of every {lse['lse_buffer']} row (after the D elements)."
@@ -222,6 +326,13 @@ def summary(spec: DcpSpec, values: Mapping[str, int], bmap: ByteMap, found: Fact
         where = ", ".join(str(slot) for slot in lse["lse_slots"])
         sentences.append(
             f"LSE: slot {where} of {stats.extents[stats.axes.index('slot')]} float32 word(s) per entry of {stats.name}."
+        )
+    E = values["E"]
+    if E:
+        written = "max -inf and sum 0" if spec.max_sum else "LSE -inf"
+        sentences.append(
+            f"Rows b >= {B - E} belong to empty requests (pack's empty=): pack writes their payload as +0.0 and "
+            f"their {written}, the same bytes as any live row."
         )
     sentences.append(
         f"Never written by pack nor read by combine: {found.kind_bytes['padding']} bytes of padding, "

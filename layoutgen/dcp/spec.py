@@ -1,17 +1,24 @@
 """The DCP family's spec: where every byte of a decode-context-parallel exchange lives.
 
-The pydantic model of docs/design.md §3 (a `layoutgen.spec.SpecBase`, so YAML loading, strictness and
-error reports are the shared ones).  Every rule of the schema is a validator here; a rule that blames
+The pydantic model of docs/design.md §3 and §8.3 (a `layoutgen.spec.SpecBase`, so YAML loading, strictness
+and error reports are the shared ones).  Every rule of the schema is a validator here; a rule that blames
 one field raises `FieldError` naming it.
+
+Stats forms (§8.3): `lse` (the default) keeps one float32 word per (peer, batch, head), the log-sum-exp;
+`max_sum` keeps two, the running max `m` and the sum of exponentials `s` (TensorRT-LLM helix), so that
+`lse = m + log(s)`.  A `max_sum` stats buffer names the two words' slots (`max_slot`, `sum_slot`); in a row
+tail the max comes first and the sum right after it.
 """
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from layoutgen.family import content_hash
 from layoutgen.spec import FieldError, SpecBase
 
 #: Logical axes of the payload buffer.
@@ -33,6 +40,16 @@ class PayloadDtype(str, Enum):
 class StatsPlacement(str, Enum):
     ROW_TAIL = "row_tail"
     SEPARATE = "separate"
+
+
+class StatsForm(str, Enum):
+    LSE = "lse"  # one float32 word per entry: the log-sum-exp
+    MAX_SUM = "max_sum"  # two float32 words per entry: the max, then the sum of exponentials
+
+
+#: Stats fields of the contract v2; left out of the layout hash while unset, so that every spec written
+#: before them keeps its hash (and its tuning entries and generated module).
+V2_STATS_FIELDS: tuple[str, ...] = ("form", "max_slot", "sum_slot")
 
 
 class _Model(BaseModel):
@@ -57,25 +74,42 @@ class PayloadSpec(_Model):
 
 class StatsSpec(_Model):
     placement: StatsPlacement
+    form: StatsForm | None = Field(default=None, description="lse (default) or max_sum")
     axes: tuple[str, ...] | None = Field(default=None, description="separate only")
     # Strict: YAML's `yes`, "2" or 1.0 are not word counts.
     slots: StrictInt | None = Field(default=None, description="separate only: float32 words per entry")
-    slot: StrictInt | None = Field(default=None, description="separate only: the word holding the LSE")
+    slot: StrictInt | None = Field(default=None, description="separate, form lse only: the word holding the LSE")
+    max_slot: StrictInt | None = Field(default=None, description="separate, form max_sum only: the max's word")
+    sum_slot: StrictInt | None = Field(default=None, description="separate, form max_sum only: the sum's word")
 
     @field_validator("axes")
     @classmethod
     def _axes_are_a_permutation(cls, axes: tuple[str, ...] | None) -> tuple[str, ...] | None:
         return None if axes is None else _check_permutation(axes, STATS_AXES)
 
+    @property
+    def stats_form(self) -> StatsForm:
+        """The form, `lse` when the spec does not say."""
+        return self.form or StatsForm.LSE
+
+    @property
+    def words(self) -> int:
+        """float32 words of statistics per (peer, batch, head) entry: 1 (lse) or 2 (max, sum)."""
+        return 2 if self.stats_form is StatsForm.MAX_SUM else 1
+
     @model_validator(mode="after")
     def _fields_match_placement(self) -> StatsSpec:
+        max_sum = self.stats_form is StatsForm.MAX_SUM
         if self.placement is StatsPlacement.ROW_TAIL:
-            for field in ("axes", "slots", "slot"):
+            for field in ("axes", "slots", "slot", "max_slot", "sum_slot"):
                 if getattr(self, field) is not None:
+                    where = (
+                        "the max and the sum after the D payload elements of each row, in that order"
+                        if max_sum
+                        else "the LSE after the D payload elements of each row"
+                    )
                     raise FieldError(
-                        f"stats.{field}",
-                        "is only for placement: separate; remove it "
-                        "(row_tail stores the LSE after the D payload elements of each row)",
+                        f"stats.{field}", f"is only for placement: separate; remove it (row_tail stores {where})"
                     )
             return self
         if self.axes is None:
@@ -84,14 +118,43 @@ class StatsSpec(_Model):
                 "placement: separate needs `axes`, a permutation of "
                 f"{list(STATS_AXES)}; add e.g. `axes: [peer, batch, head, slot]`",
             )
-        slots = 1 if self.slots is None else self.slots
-        slot = 0 if self.slot is None else self.slot
-        if not 1 <= slots <= 64:
-            raise FieldError("stats.slots", f"must be between 1 and 64, got {slots}")
-        if not 0 <= slot < slots:
-            raise FieldError("stats.slot", f"must be in [0, slots) = [0, {slots}), got {slot}")
+        if not max_sum:
+            for field in ("max_slot", "sum_slot"):
+                if getattr(self, field) is not None:
+                    raise FieldError(
+                        f"stats.{field}",
+                        "is only for form: max_sum; remove it, or add `form: max_sum` (use `slot` for the LSE)",
+                    )
+            slots = 1 if self.slots is None else self.slots
+            slot = 0 if self.slot is None else self.slot
+            if not 1 <= slots <= 64:
+                raise FieldError("stats.slots", f"must be between 1 and 64, got {slots}")
+            if not 0 <= slot < slots:
+                raise FieldError("stats.slot", f"must be in [0, slots) = [0, {slots}), got {slot}")
+            object.__setattr__(self, "slots", slots)
+            object.__setattr__(self, "slot", slot)
+            return self
+        if self.slot is not None:
+            raise FieldError(
+                "stats.slot",
+                "form: max_sum stores two words per entry; remove `slot` and name them with `max_slot` and "
+                "`sum_slot` (defaults 0 and 1)",
+            )
+        slots = 2 if self.slots is None else self.slots
+        if not 2 <= slots <= 64:
+            raise FieldError("stats.slots", f"form: max_sum needs two words per entry: between 2 and 64, got {slots}")
+        max_slot = 0 if self.max_slot is None else self.max_slot
+        sum_slot = 1 if self.sum_slot is None else self.sum_slot
+        for field, value in (("max_slot", max_slot), ("sum_slot", sum_slot)):
+            if not 0 <= value < slots:
+                raise FieldError(f"stats.{field}", f"must be in [0, slots) = [0, {slots}), got {value}")
+        if max_slot == sum_slot:
+            raise FieldError(
+                "stats.sum_slot", f"must differ from max_slot ({max_slot}): the max and the sum are two words"
+            )
         object.__setattr__(self, "slots", slots)
-        object.__setattr__(self, "slot", slot)
+        object.__setattr__(self, "max_slot", max_slot)
+        object.__setattr__(self, "sum_slot", sum_slot)
         return self
 
 
@@ -136,3 +199,19 @@ class DcpSpec(SpecBase):
     @property
     def row_tail(self) -> bool:
         return self.stats.placement is StatsPlacement.ROW_TAIL
+
+    @property
+    def max_sum(self) -> bool:
+        """Whether the stats are (max, sum) pairs (TensorRT-LLM helix) rather than one LSE word."""
+        return self.stats.stats_form is StatsForm.MAX_SUM
+
+    @functools.cached_property
+    def _layout_hash(self) -> str:
+        # The contract-v2 stats fields count only when set (form: lse is the default, so it counts as unset):
+        # a spec that does not use them keeps the hash it had before they existed.
+        data: dict[str, Any] = self.model_dump(mode="json", exclude={"summary"})
+        stats = data["stats"]
+        for field in V2_STATS_FIELDS:
+            if stats.get(field) is None or (field == "form" and stats[field] == StatsForm.LSE.value):
+                stats.pop(field, None)
+        return content_hash(data)

@@ -20,6 +20,8 @@ VERIFY_SHAPES: tuple[tuple[int, int, int, int, int, torch.dtype], ...] = (
     (4, 4, 6, 2, 12, torch.float32),
     (8, 1, 3, 2, 8, torch.bfloat16),
 )
+#: Tokens per request of the contract-v2 pack check: out [R, T, H, D] with an empty mask over R.
+TOKENS = 2
 
 
 def filled(bufs: LayoutBuffers, byte: int = CANARY) -> LayoutBuffers:
@@ -32,9 +34,36 @@ def same_bytes(left: LayoutBuffers, right: LayoutBuffers) -> bool:
     return all(torch.equal(left.tensors[k].view(torch.uint8), right.tensors[k].view(torch.uint8)) for k in left.tensors)
 
 
+def random_max_sum(shape: tuple[int, ...], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running maxima and sums of exponentials as an attention kernel leaves them: max ~ 4 N(0, 1), sum in
+    [1, 9) (the max's own term is 1)."""
+    maximum = torch.randn(shape, generator=generator) * 4
+    total = 1 + 8 * torch.rand(shape, generator=generator)
+    return maximum, total
+
+
+def _check_v2_pack(module: ModuleType, N: int, H: int, D: int, dtype: torch.dtype, generator: torch.Generator) -> bool:
+    """A masked pack of out [R, T, H, D], from (max, sum) for a max_sum spec and from lse otherwise."""
+    spec = module.SPEC
+    R = 2
+    out = torch.randn(R, TOKENS, H, D, generator=generator).to(dtype)
+    empty = torch.tensor([False, True])
+    ours = filled(module.alloc(N, R * TOKENS + 1, H, D, dtype))
+    theirs = filled(LayoutBuffers.allocate(spec, N, R * TOKENS + 1, H, D, dtype))
+    if spec.max_sum:
+        maximum, total = random_max_sum((R, TOKENS, H), generator)
+        module.pack(out, bufs=ours, max_sum=(maximum, total), empty=empty)
+        reference.pack(out, None, theirs, max_sum=(maximum, total), empty=empty)
+    else:
+        lse = torch.randn(R, TOKENS, H, generator=generator) * 4
+        module.pack(out, lse, ours, empty=empty)
+        reference.pack(out, lse, theirs, empty=empty)
+    return same_bytes(ours, theirs)
+
+
 def verify_module(module: ModuleType, device: str = "cpu", seed: int = 0) -> VerifyReport:
-    """Pack bytes against the reference (canary-filled buffers), then pack -> exchange -> combine on
-    every rank against the float64 merge of all shards, bases e and 2."""
+    """Pack bytes against the reference (canary-filled buffers; plain, and masked over [R, T] rows), then
+    pack -> exchange -> combine on every rank against the float64 merge of all shards, bases e and 2."""
     spec = module.SPEC
     generator = torch.Generator().manual_seed(seed)
     failures: list[str] = []
@@ -57,6 +86,8 @@ def verify_module(module: ModuleType, device: str = "cpu", seed: int = 0) -> Ver
             if not same_bytes(ours, theirs):
                 failures.append(f"pack differs from the reference at {label}, rank {rank}")
             sends.append(ours)
+        if device == "cpu" and not _check_v2_pack(module, N, H, D, dtype, generator):
+            failures.append(f"pack with an empty mask over [R, T={TOKENS}] rows differs from the reference at {label}")
         received = reference.exchange(sends)
         for rank in range(N):
             for base in reference.LSE_BASES:
@@ -73,7 +104,7 @@ def verify_module(module: ModuleType, device: str = "cpu", seed: int = 0) -> Ver
     )
     pack_exact = not any(f.startswith("pack") for f in failures)
     checks = (
-        Check("pack", pack_exact, f"bytes {'identical' if pack_exact else 'DIFFER'} in {checked} shapes"),
+        Check("pack", pack_exact, f"bytes {'identical' if pack_exact else 'DIFFER'} in {checked} shapes (and masked)"),
         Check("combine", combine_ok, f"worst error {worst:.2f} of the tolerance (bases e and 2)"),
     )
     return VerifyReport(spec.name, "dcp", checks, tuple(failures))

@@ -4,7 +4,10 @@ The gate draws fresh random inputs for every trial (special LSE values and a NaN
 shard included) and compares the candidate with `layoutgen.dcp.reference`: pack byte for byte over the
 whole buffers (canary-filled, so a byte the layout does not own must stay untouched), combine within
 `layoutgen.dcp.tolerances` against the float64 merge (unowned bytes hold NaN, so a combine that reads
-them is caught).
+them is caught).  A pack config is gated twice: as timed (lse in, no mask) and in the contract-v2 form the
+spec serves (an empty mask with a masked row, and (max, sum) in for a max_sum spec), which is one more
+compile of the same config; the tuning key, and so the database, is the same for both forms.  A combine of
+a max_sum spec is gated with (max, sum) stats and their empty entries.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ class DcpWorkload(Workload):
 
     def compile_job(self, config: LaunchConfig) -> CompileJob:
         shape = (("N", self.N), ("H", self.H), ("D", self.D), ("dtype", self.problem.dtype))
-        sizes = (("capacity", self.capacity), ("batch", self.batch))
+        sizes: tuple[tuple[str, Any], ...] = (("capacity", self.capacity), ("batch", self.batch))
+        if self.problem.kernel == "pack":
+            sizes = (*sizes, ("pack_forms", (self._v2_pack_form(),)))
         config_items = tuple(sorted(config.as_dict().items()))
         variant = (*shape, integer_class(self.capacity))
         return CompileJob(self.target.module_path, self.problem.kernel, (*shape, *sizes), config_items, variant)
@@ -52,6 +57,10 @@ class DcpWorkload(Workload):
         out = torch.randn(self.batch, self.H, self.D, generator=generator, device=self.device).to(self.dtype)
         lse = torch.randn(self.batch, self.H, generator=generator, device=self.device) * 4
         return out, lse
+
+    def _v2_pack_form(self) -> tuple[bool, bool]:
+        """(masked, from max_sum) of the gate's second pack: an empty mask, and (max, sum) in for a max_sum spec."""
+        return True, bool(self.problem.spec.max_sum)
 
     def _launcher(self, config: LaunchConfig, tensors: dict[str, Any]) -> Callable[[], None]:
         """One launch through the module's `_launch_*` function (looked up per call, so a test can swap it):
@@ -62,7 +71,8 @@ class DcpWorkload(Workload):
         if self.problem.kernel == "pack":
             out, lse, bufs = tensors["out"], tensors["lse"], tensors["bufs"]
             index_64 = needs_int64(out, lse, *bufs.tensors.values())
-            return lambda: module._launch_pack(out, lse, bufs, batch, config, index_64)
+            extra = {key: tensors[key] for key in ("sums", "empty") if tensors.get(key) is not None}
+            return lambda: module._launch_pack(out, lse, bufs, batch, config, index_64, **extra)
         bufs, result = tensors["bufs"], tensors["result"]
         index_64 = needs_int64(result, *bufs.tensors.values())
         return lambda: module._launch_combine(bufs, batch, result, None, False, config, index_64)
@@ -83,17 +93,41 @@ class DcpWorkload(Workload):
         lse[0, 0] = float("-inf")
         lse[-1, -1] = float("inf")
         lse[self.batch // 2, self.H // 2] = float("nan")
+        mismatch = self._compare_pack(config, candidate, expected, {"out": out, "lse": lse})
+        if mismatch is not None:
+            return mismatch
+        # The contract-v2 form: the last row empty (NaN behind it: the pack must write zeros, not copy), and
+        # (max, sum) in for a max_sum spec.
+        masked, from_max_sum = self._v2_pack_form()
+        empty = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+        empty[-1] = masked
+        out[-1] = float("nan")
+        inputs: dict[str, Any] = {"out": out, "lse": lse, "empty": empty}
+        if from_max_sum:
+            total = 1 + 8 * torch.rand(lse.shape, generator=generator, device=self.device)
+            total[0, -1] = 0.0
+            inputs["sums"] = total
+        return self._compare_pack(config, candidate, expected, inputs)
+
+    def _compare_pack(
+        self, config: LaunchConfig, candidate: LayoutBuffers, expected: LayoutBuffers, inputs: dict[str, Any]
+    ) -> str | None:
         for bufs in (candidate, expected):
             for tensor in bufs.tensors.values():
                 tensor.view(torch.uint8).fill_(CANARY)
-        self._launcher(config, {"out": out, "lse": lse, "bufs": candidate})()
-        reference.pack(out, lse, expected)
+        self._launcher(config, {**inputs, "bufs": candidate})()
+        out, lse, sums, empty = inputs["out"], inputs["lse"], inputs.get("sums"), inputs.get("empty")
+        if sums is None:
+            reference.pack(out, lse, expected, empty=empty)
+        else:
+            reference.pack(out, None, expected, empty=empty, max_sum=(lse, sums))
+        form = "" if empty is None else " (masked" + (", from (max, sum))" if sums is not None else ")")
         for name, tensor in candidate.tensors.items():
             got, want = tensor.reshape(-1).view(torch.uint8), expected.tensors[name].reshape(-1).view(torch.uint8)
             if not torch.equal(got, want):
                 differing = (got != want).nonzero().flatten()
                 return (
-                    f"pack wrote different bytes than the reference into {name!r}: {differing.numel()} of "
+                    f"pack{form} wrote different bytes than the reference into {name!r}: {differing.numel()} of "
                     f"{got.numel()} bytes differ, first at byte {int(differing[0])}"
                 )
         return None
@@ -107,19 +141,28 @@ class DcpWorkload(Workload):
         received, result = self._gate_buffers["received"], self._gate_buffers["result"]
         for tensor in received.tensors.values():
             tensor.view(torch.uint8).fill_(NAN_BYTE)
-        payload, lse = received.payload_view(self.batch), received.lse_view(self.batch)
+        payload = received.payload_view(self.batch)
         payload.copy_(torch.randn(payload.shape, generator=generator, device=self.device))
-        lse.copy_(torch.randn(lse.shape, generator=generator, device=self.device) * 4)
+        stats = received.stats_views(self.batch)
+        first = stats["max"] if "max" in stats else stats["lse"]
+        first.copy_(torch.randn(first.shape, generator=generator, device=self.device) * 4)
         # Empty shards: one partial (garbage payload), a whole row, and the NaN / +inf LSEs that count as empty.
-        lse[0, 0, 0] = float("-inf")
+        first[0, 0, 0] = float("-inf")
         payload[0, 0, 0].fill_(float("nan"))
-        lse[:, -1, -1] = float("-inf")
-        lse[-1, self.batch // 2, 0] = float("nan")
-        lse[0, -1, 0] = float("inf")
+        first[:, -1, -1] = float("-inf")
+        first[-1, self.batch // 2, 0] = float("nan")
+        first[0, -1, 0] = float("inf")
+        if "sum" in stats:
+            # Sums of exponentials; a zero sum (with a finite max and a NaN payload) is an empty entry too.
+            stats["sum"].copy_(1 + 8 * torch.rand(first.shape, generator=generator, device=self.device))
+            stats["sum"][0, 0, 0] = 0.0
+            stats["sum"][-1, 0, -1] = 0.0
+            payload[-1, 0, -1].fill_(float("nan"))
         result.view(torch.uint8).fill_(NAN_BYTE)
         self._launcher(config, {"bufs": received, "result": result})()
         want, _ = reference.combine(received, self.batch, "e")
-        valid = lse.isfinite().unsqueeze(-1).expand_as(payload)
+        taking_part = first.isfinite() & (stats["sum"] > 0) if "sum" in stats else first.isfinite()
+        valid = taking_part.unsqueeze(-1).expand_as(payload)
         scale = float(payload.float().abs().where(valid, 0.0).max())
         ratio = combine_error(result, want, scale)
         if not ratio <= 1.0:
@@ -142,8 +185,9 @@ class DcpWorkload(Workload):
             return {"out": out, "lse": lse, "bufs": bufs}
         payload = bufs.payload_view(self.batch)
         payload.copy_(torch.randn(payload.shape, generator=generator, device=self.device))
-        lse = bufs.lse_view(self.batch)
-        lse.copy_(torch.randn(lse.shape, generator=generator, device=self.device) * 4)
+        for name, words in bufs.stats_views(self.batch).items():
+            values = torch.randn(words.shape, generator=generator, device=self.device)
+            words.copy_(values * 4 if name != "sum" else 1 + values.abs())
         if self._timing_result is None:  # one output for every set (the combine kernel's declared timing)
             shape = (self.batch, self.H // self.N, self.D)
             self._timing_result = torch.empty(shape, dtype=self.dtype, device=self.device)

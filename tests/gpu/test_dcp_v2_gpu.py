@@ -1,0 +1,219 @@
+"""GPU only: the contract-v2 pack (empty rows fused in, [R, T] rows, (max, sum) stats) and the scaled
+(max, sum) combine under CUDA-graph capture and `torch.compile(fullgraph=True)`, byte for byte against
+eager and the reference; the mask is read on the device (a changed mask changes a replay's bytes, no host
+sync); the vectorised whole-tile stores of a transposing layout are exact at every batch remainder.
+
+Run on the device: `python -m pytest -q -m gpu tests/gpu/test_dcp_v2_gpu.py`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from conftest import assert_same_bytes, fill_bytes, generated_module, make_spec, render_module
+
+from layoutgen.dcp import reference
+from layoutgen.dcp.config import PackConfig
+from layoutgen.dcp.layout import LayoutBuffers
+from layoutgen.dcp.tolerances import combine_error, lse_error
+from layoutgen.runtime import reset_caches
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.filterwarnings("ignore::layoutgen.runtime.LayoutgenWarning"),
+]
+
+SPECS = ["pynccl_a2a", "vllm_a2a", "flashinfer_mnnvl", "trtllm_helix_nccl", "trtllm_helix_native_v2"]
+N, H, D, R, T = 4, 32, 128, 6, 2
+ROWS = R * T
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    torch._dynamo.reset()
+    reset_caches()
+
+
+def inputs(seed: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """out [R, T, H, D] with garbage in the rows of empty requests, lse, (max, sum) and an empty mask."""
+    generator = torch.Generator().manual_seed(seed)
+    empty = torch.rand(R, generator=generator) < 0.4
+    empty[0] = seed % 2 == 1
+    out = torch.randn(R, T, H, D, generator=generator).to(dtype)
+    out[empty] = float("nan")
+    lse = torch.randn(R, T, H, generator=generator) * 4
+    lse[empty] = float("inf")
+    maximum = torch.randn(R, T, H, generator=generator) * 4
+    total = 1 + 8 * torch.rand(R, T, H, generator=generator)
+    return {
+        name: t.cuda() for name, t in {"out": out, "lse": lse, "max": maximum, "sum": total, "empty": empty}.items()
+    }
+
+
+def pack(module: ModuleType, x: dict[str, torch.Tensor], bufs: LayoutBuffers, config: Any = None) -> None:
+    if module.SPEC.max_sum:
+        module.pack(x["out"], bufs=bufs, max_sum=(x["max"], x["sum"]), empty=x["empty"], config=config)
+    else:
+        module.pack(x["out"], x["lse"], bufs, empty=x["empty"], config=config)
+
+
+def reference_bytes(module: ModuleType, x: dict[str, torch.Tensor]) -> LayoutBuffers:
+    want = fill_bytes(LayoutBuffers.allocate(module.SPEC, N, ROWS, H, D, x["out"].dtype, "cuda"))
+    if module.SPEC.max_sum:
+        reference.pack(x["out"], None, want, max_sum=(x["max"], x["sum"]), empty=x["empty"])
+    else:
+        reference.pack(x["out"], x["lse"], want, empty=x["empty"])
+    return want
+
+
+@pytest.mark.parametrize("spec_name", SPECS)
+def test_masked_pack_is_byte_exact_on_the_gpu(spec_name: str) -> None:
+    module = generated_module(spec_name)
+    for seed in range(3):
+        x = inputs(seed)
+        bufs = fill_bytes(module.alloc(N, ROWS, H, D, torch.bfloat16, "cuda"))
+        pack(module, x, bufs)
+        torch.cuda.synchronize()
+        assert_same_bytes(bufs, reference_bytes(module, x), f"{spec_name} seed {seed}")
+
+
+@pytest.mark.parametrize("spec_name", SPECS)
+def test_masked_pack_and_scaled_combine_replay_in_a_cuda_graph(spec_name: str) -> None:
+    module = generated_module(spec_name)
+    static = inputs(0)
+    send = fill_bytes(module.alloc(N, ROWS, H, D, torch.bfloat16, "cuda"))
+    merged = torch.empty(ROWS, H // N, D, dtype=torch.bfloat16, device="cuda")
+
+    def step() -> torch.Tensor:
+        pack(module, static, send)
+        _, lse = module.combine(send, ROWS, out=merged, return_lse=True, scale=0.5)
+        return lse
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # plans, compiled kernels and direct launches exist before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_lse = step()
+
+    for seed in (1, 2, 3):  # new values and a new mask, written in place: the graph reads them on the device
+        x = inputs(seed)
+        for name, tensor in x.items():
+            static[name].copy_(tensor)
+        fill_bytes(send)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_bytes(send, reference_bytes(module, x), f"{spec_name} replay {seed}")
+        eager = fill_bytes(module.alloc(N, ROWS, H, D, torch.bfloat16, "cuda"))
+        pack(module, x, eager)
+        eager_out, eager_lse = module.combine(eager, ROWS, return_lse=True, scale=0.5)
+        assert torch.equal(merged, eager_out) and torch.equal(graph_lse, eager_lse)
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "trtllm_helix_nccl"])
+def test_masked_pack_under_torch_compile_fullgraph(spec_name: str, backend: str) -> None:
+    module = generated_module(spec_name)
+
+    def step(x: dict[str, torch.Tensor], send: LayoutBuffers) -> tuple[torch.Tensor, torch.Tensor | None]:
+        pack(module, x, send)
+        return module.combine(send, ROWS, lse_base="2", return_lse=True, scale=2.0)
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    for seed in range(2):
+        x = inputs(seed)
+        eager_bufs, traced_bufs = (fill_bytes(module.alloc(N, ROWS, H, D, torch.bfloat16, "cuda")) for _ in range(2))
+        want = step(x, eager_bufs)
+        got = compiled(x, traced_bufs)
+        torch.cuda.synchronize()
+        assert_same_bytes(traced_bufs, eager_bufs, f"{spec_name} {backend} seed {seed}")
+        for got_tensor, want_tensor in zip(got, want, strict=True):
+            assert got_tensor is not None and want_tensor is not None
+            assert torch.equal(got_tensor.view(torch.uint8), want_tensor.view(torch.uint8))
+
+
+def test_the_masked_pack_does_not_synchronise() -> None:
+    module = generated_module("vllm_a2a")
+    x = inputs(4)
+    bufs = module.alloc(N, ROWS, H, D, torch.bfloat16, "cuda")
+    pack(module, x, bufs)
+    module.combine(bufs, ROWS, scale=0.5)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            pack(module, x, bufs)
+            module.combine(bufs, ROWS, scale=0.5)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def test_max_sum_combine_against_the_float64_reference_on_the_gpu() -> None:
+    module = generated_module("trtllm_helix_native_v1")
+    generator = torch.Generator().manual_seed(11)
+    bufs = fill_bytes(module.alloc(N, ROWS, H, D, torch.bfloat16, "cuda"), 0xFF)
+    partial = torch.randn(N, ROWS, H // N, D, generator=generator).to(torch.bfloat16).cuda()
+    maximum = (torch.randn(N, ROWS, H // N, generator=generator) * 4).cuda()
+    total = (1 + 8 * torch.rand(N, ROWS, H // N, generator=generator)).cuda()
+    maximum[0, 0], total[1, 1] = float("-inf"), 0.0  # empty entries (NaN payload behind them: bytes 0xFF)
+    bufs.payload_view(ROWS).copy_(partial)
+    bufs.payload_view(ROWS)[0, 0].view(torch.int16).fill_(-1)
+    bufs.payload_view(ROWS)[1, 1].view(torch.int16).fill_(-1)
+    bufs.max_view(ROWS).copy_(maximum)
+    bufs.sum_view(ROWS).copy_(total)
+    for base in ("e", "2"):
+        got, got_lse = module.combine(bufs, ROWS, lse_base=base, return_lse=True, scale=0.25)
+        want, want_lse = reference.combine(bufs, ROWS, base, return_lse=True, scale=0.25)
+        assert got_lse is not None and want_lse is not None
+        valid = torch.nan_to_num(bufs.payload_view(ROWS).double(), nan=0.0)
+        assert combine_error(got.cpu(), want.cpu(), float(valid.abs().max()) * 0.25) <= 1.0
+        assert lse_error(got_lse.cpu(), want_lse.cpu()) <= 1.0
+
+
+@pytest.mark.parametrize("batch", [1, 63, 64, 65, 200])
+def test_transposing_pack_with_whole_and_partial_tiles(batch: int, tmp_path: Any) -> None:
+    """sglang's NPU-path layout ([peer, head, dim + 1, batch] float32, the LSE as element D): whole batch
+    tiles take 16-byte stores without the live-batch bound; the remainder takes the bounded stores."""
+    fields = {
+        "name": "npu_transposed",
+        "summary": "x",
+        "transport": "all_to_all_single",
+        "payload": {"axes": ["peer", "head", "dim", "batch"], "dtype": "float32"},
+        "stats": {"placement": "row_tail"},
+    }
+    module = render_module(make_spec(**fields), tmp_path)
+    generator = torch.Generator().manual_seed(batch)
+    out = torch.randn(batch, H, D, generator=generator).to(torch.bfloat16).cuda()
+    lse = (torch.randn(batch, H, generator=generator) * 4).cuda()
+    empty = (torch.rand(batch, generator=generator) < 0.3).cuda()
+    for config in (None, PackConfig(block_batch=64, block_head=1, block_dim=64, num_warps=8)):
+        for mask in (None, empty):
+            bufs = fill_bytes(module.alloc(N, batch + 16, H, D, torch.bfloat16, "cuda"))
+            module.pack(out, lse, bufs, empty=mask, config=config)
+            want = fill_bytes(LayoutBuffers.allocate(module.SPEC, N, batch + 16, H, D, torch.bfloat16, "cuda"))
+            reference.pack(out, lse, want, empty=mask)
+            torch.cuda.synchronize()
+            assert_same_bytes(bufs, want, f"B={batch} config={config} masked={mask is not None}")
+
+
+def test_lse_from_max_sum_on_the_gpu_is_within_one_ulp() -> None:
+    module = generated_module("vllm_a2a")
+    generator = torch.Generator().manual_seed(5)
+    B = 64
+    maximum = (torch.randn(B, H, generator=generator) * 30).cuda()
+    total = torch.exp(torch.randn(B, H, generator=generator) * 5).cuda()
+    maximum[:, 0] = -torch.log(total[:, 0])  # cancellation: the exact LSE is ~0
+    out = torch.randn(B, H, D, generator=generator).to(torch.bfloat16).cuda()
+    bufs = module.alloc(N, B, H, D, torch.bfloat16, "cuda")
+    module.pack(out, bufs=bufs, max_sum=(maximum, total))
+    got = bufs.lse_view(B).cpu()
+    want = reference.lse_from_max_sum(maximum.cpu(), total.cpu()).reshape(B, N, H // N).permute(1, 0, 2)
+    got_bits, want_bits = got.contiguous().view(torch.int32).long(), want.contiguous().view(torch.int32).long()
+    assert bool(((got_bits - want_bits).abs() <= 1).all()), "an LSE word is more than one float32 ulp off"

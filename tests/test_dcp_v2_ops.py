@@ -1,0 +1,214 @@
+"""Contract v2 through torch.compile and the custom ops (backend aot_eager; inductor runs in
+tests/gpu/test_dcp_v2_gpu.py), the tuner's gate, the database key and the default tile of a transposing pack."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from conftest import assert_same_bytes, dcp_problem, fill_bytes, generated_module, requires_interpreter
+from test_dcp_v2_pack import random_max_sum
+
+from layoutgen.dcp.config import CombineConfig, PackConfig
+from layoutgen.dcp.layout import LayoutBuffers
+from layoutgen.runtime import reset_caches
+from layoutgen.spec import bundled_specs
+
+pytestmark = [requires_interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+N, H, D, R, T = 2, 6, 24, 2, 2
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    torch._dynamo.reset()
+    reset_caches()
+
+
+def v2_inputs(seed: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    maximum, total = random_max_sum((R, T, H), generator)
+    return {
+        "out": torch.randn(R, T, H, D, generator=generator).to(dtype),
+        "lse": torch.randn(R, T, H, generator=generator) * 3,
+        "max": maximum,
+        "sum": total,
+        "empty": torch.tensor([False, True]),
+    }
+
+
+def v2_step(module: ModuleType, x: dict[str, torch.Tensor], send: LayoutBuffers, recv: LayoutBuffers) -> Any:
+    """A masked pack of [R, T] rows ((max, sum) in for a max_sum spec), the exchange (a copy), a scaled combine."""
+    if module.SPEC.max_sum:
+        module.pack(x["out"], bufs=send, max_sum=(x["max"], x["sum"]), empty=x["empty"])
+    else:
+        module.pack(x["out"], x["lse"], send, empty=x["empty"])
+    for name, tensor in recv.tensors.items():
+        tensor.copy_(send.tensors[name])
+    merged, merged_lse = module.combine(recv, R * T, lse_base="2", return_lse=True, scale=0.5)
+    plain, _ = module.combine(recv, R * T)
+    return merged, merged_lse, plain
+
+
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "trtllm_helix_nccl"])
+def test_compiled_v2_step_matches_eager_bytes(spec_name: str) -> None:
+    module = generated_module(spec_name)
+    buffers = {
+        mode: [fill_bytes(module.alloc(N, R * T, H, D, torch.bfloat16)) for _ in range(2)]
+        for mode in ("eager", "compiled")
+    }
+    compiled = torch.compile(v2_step, fullgraph=True, backend="aot_eager")
+    for seed in range(2):  # the second call reuses the compiled graph
+        x = v2_inputs(seed)
+        want = v2_step(module, x, *buffers["eager"])
+        got = compiled(module, x, *buffers["compiled"])
+        for got_tensor, want_tensor in zip(got, want, strict=True):
+            assert torch.equal(got_tensor.view(torch.uint8), want_tensor.view(torch.uint8))
+        for got_bufs, want_bufs in zip(buffers["compiled"], buffers["eager"], strict=True):
+            assert_same_bytes(got_bufs, want_bufs, f"seed {seed}")
+
+
+def test_ops_take_the_v2_arguments_on_bare_tensors() -> None:
+    module = generated_module("trtllm_helix_nccl")
+    x = v2_inputs(4)
+    want = fill_bytes(module.alloc(N, R * T, H, D, torch.bfloat16))
+    module.pack(x["out"], bufs=want, max_sum=(x["max"], x["sum"]), empty=x["empty"])
+    tensors = [torch.empty_like(t).view(torch.uint8).fill_(0xA5).view(t.dtype) for t in want.tensors.values()]
+    torch.ops.layoutgen.pack(
+        x["out"],
+        None,
+        tensors,
+        module.__name__,
+        N,
+        R * T,
+        H,
+        D,
+        [],
+        empty=x["empty"],
+        max_stats=x["max"],
+        sum_stats=x["sum"],
+    )
+    for name, tensor in zip(want.tensors, tensors, strict=True):
+        assert torch.equal(tensor.view(torch.uint8), want.tensors[name].view(torch.uint8)), name
+    merged = torch.empty(R * T, H // N, D, dtype=torch.bfloat16)
+    torch.ops.layoutgen.combine(tensors, merged, None, module.__name__, N, R * T, H, D, R * T, "e", [], 2.0)
+    expected, _ = module.combine(want, R * T, scale=2.0)
+    assert torch.equal(merged, expected)
+
+
+def test_opcheck_v2() -> None:
+    module = generated_module("trtllm_helix_native_v1")
+    bufs = module.alloc(N, R * T, H, D, torch.bfloat16)
+    x = v2_inputs(5)
+    tensors = list(bufs.tensors.values())
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(
+        torch.ops.layoutgen.pack.default,
+        (x["out"], None, tensors, module.__name__, N, R * T, H, D, [], x["empty"], x["max"], x["sum"]),
+        test_utils=utils,
+    )
+    merged = torch.empty(R * T, H // N, D, dtype=torch.bfloat16)
+    torch.library.opcheck(
+        torch.ops.layoutgen.combine.default,
+        (tensors, merged, None, module.__name__, N, R * T, H, D, R * T, "2", [], 0.25),
+        test_utils=utils,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The tuner: the gate runs the spec's v2 form; the database key is the spec, kernel and shape
+# ---------------------------------------------------------------------------------------------
+def workload(spec_name: str, kernel: str, batch: int) -> Any:
+    from layoutgen.dcp.workload import DcpWorkload
+    from layoutgen.tuning.objective import Target
+
+    module = generated_module(spec_name)
+    problem = dcp_problem(module.SPEC, kernel, 2, 2, 8, "bfloat16")
+    return DcpWorkload(Target(problem, module), batch, torch.device("cpu"), 0)
+
+
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "trtllm_helix_native_v2"])
+def test_the_pack_gate_runs_the_v2_form_of_the_spec(spec_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = workload(spec_name, "pack", 3)
+    config = PackConfig(block_batch=1, block_head=2, block_dim=8, block_peer=1)
+    module = work.target.module
+    calls: list[dict[str, Any]] = []
+    original = module._launch_pack
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        calls.append({key: value for key, value in kwargs.items() if key in ("sums", "empty")})
+        original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_launch_pack", recording)
+    assert work.gate(config, seed=1) is None
+    assert calls[0] == {} and calls[1]["empty"] is not None and bool(calls[1]["empty"][-1])
+    assert ("sums" in calls[1]) is module.SPEC.max_sum
+    job = dict(work.compile_job(config).args)
+    assert job["pack_forms"] == ((True, module.SPEC.max_sum),)
+
+
+def test_the_pack_gate_catches_a_pack_that_ignores_the_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    work = workload("trtllm_helix_nccl", "pack", 3)
+    module = work.target.module
+    original = module._launch_pack
+
+    def unmasked(*args: Any, **kwargs: Any) -> None:
+        kwargs.pop("empty", None)
+        original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_launch_pack", unmasked)
+    mismatch = work.gate(PackConfig(block_batch=1, block_head=2, block_dim=8, block_peer=1), seed=2)
+    assert mismatch is not None and "masked, from (max, sum)" in mismatch
+
+
+def test_the_combine_gate_uses_max_sum_stats() -> None:
+    work = workload("trtllm_helix_nccl", "combine", 3)
+    assert work.gate(CombineConfig(block_batch=1, block_head=2, block_dim=8), seed=3) is None
+    received = work._gate_buffers["received"]
+    assert bool((received.sum_view(3) == 0).any()), "the gate draws empty (max, sum) entries"
+
+
+def test_the_database_key_of_a_max_sum_spec() -> None:
+    from layoutgen.dcp import FAMILY
+
+    spec = bundled_specs()["trtllm_helix_nccl"]
+    assert FAMILY.key_shapes(spec, "combine", {"N": 4, "H": 128, "D": 512}, "bfloat16") == {"N": 4, "Hl": 32, "D": 512}
+    assert FAMILY.key_shapes(spec, "pack", {"N": 3, "H": 128, "D": 512}, "bfloat16") is None
+    problem = dcp_problem(spec, "combine", 4, 32, 512, "bfloat16")
+    # combine reads two stats words per entry: bytes moved = N partials + 8 bytes each + the output.
+    assert FAMILY.bytes_moved(problem, 64) == 64 * 32 * (4 * (512 * 2 + 8) + 512 * 2)
+    pack = dcp_problem(spec, "pack", 4, 32, 512, "bfloat16")
+    assert FAMILY.bytes_moved(pack, 64) == 64 * 4 * 32 * (512 * 4 + 4 + 2 * 4)  # lse in, (max, sum) out
+
+
+def test_default_pack_config_of_a_transposing_layout() -> None:
+    from layoutgen.dcp.config import default_pack_config
+    from layoutgen.dcp.spec import DcpSpec
+
+    npu = bundled_specs()["pynccl_a2a"].model_copy(
+        update={
+            "payload": bundled_specs()["pynccl_a2a"].payload.model_copy(
+                update={"axes": ("peer", "head", "dim", "batch")}
+            )
+        }
+    )
+    assert isinstance(npu, DcpSpec)
+    big = default_pack_config(npu, 2, 64, 512, 4096, 4)
+    assert (big.block_batch, big.block_dim, big.block_head, big.num_warps) == (64, 64, 1, 8)
+    one = default_pack_config(npu, 2, 64, 512, 1, 4)
+    assert (one.block_batch, one.block_dim) == (1, 512)
+
+
+def test_configs_are_the_same_types() -> None:
+    # The v2 forms add no launch parameters: the tuner's spaces and the database's configs are unchanged.
+    assert [f.name for f in dataclasses.fields(PackConfig)] == [
+        "block_batch",
+        "block_head",
+        "block_dim",
+        "num_warps",
+        "num_stages",
+        "block_peer",
+    ]
