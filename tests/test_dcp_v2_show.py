@@ -172,3 +172,21 @@ def test_verify_catches_a_broken_masked_pack(tmp_path: Path) -> None:
     (tmp_path / "trtllm_helix_native_v1.py").write_text(broken, encoding="utf-8")
     report = verify_module(load_path(tmp_path / "trtllm_helix_native_v1.py"))
     assert not report.ok and any("empty mask" in failure for failure in report.failures)
+
+
+def test_a_stats_run_over_live_and_empty_rows_says_where_the_empty_values_start() -> None:
+    from layoutgen import show
+    from layoutgen.spec import parse_spec
+
+    spec = parse_spec(
+        {
+            "name": "npu_pair",
+            "summary": "x",
+            "transport": "all_to_all_single",
+            "payload": {"axes": ["peer", "head", "dim", "batch"], "dtype": "float32"},
+            "stats": {"placement": "row_tail", "form": "max_sum"},
+        }
+    )
+    text = _render(show.byte_map(spec, {"N": 2, "B": 3, "H": 2, "D": 2, "E": 1}, "bfloat16"))
+    assert "p0 b0..2 h0 max (-inf from b2)" in text and "p0 b0..2 h0 sum (0 from b2)" in text
+    assert "p0 b2 h0 d0 +0.0" in text

@@ -177,8 +177,11 @@ def label(run: Run, live_batch: int, empty_rows: int = 0) -> str:
     if run.kind == "empty":
         return " ".join([*axes_label(run, tuple(AXIS_LETTERS), AXIS_LETTERS), "+0.0"])
     words = [*axes_label(run, LSE_AXES, AXIS_LETTERS), run.kind]
-    if run.kind in EMPTY_VALUES and batch is not None and batch[0] >= live_batch - empty_rows:
-        words.append(EMPTY_VALUES[run.kind])
+    first_empty = live_batch - empty_rows
+    if run.kind in EMPTY_VALUES and empty_rows and batch is not None and batch[1] > first_empty:
+        # A run along batch may hold live and empty rows (batch-innermost layouts): say where the values start.
+        value = EMPTY_VALUES[run.kind]
+        words.append(value if batch[0] >= first_empty else f"({value} from b{first_empty})")
     return " ".join(words)
 
 
