@@ -13,9 +13,19 @@ import sys
 from pathlib import Path
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "golden"
-BUNDLED = ("pynccl_a2a", "pynccl_a2a_aligned", "flashinfer_mnnvl", "vllm_a2a")
+BUNDLED = (
+    "pynccl_a2a",
+    "pynccl_a2a_aligned",
+    "flashinfer_mnnvl",
+    "vllm_a2a",
+    "trtllm_helix_nccl",
+    "trtllm_helix_native_v1",
+    "trtllm_helix_native_v2",
+)
 #: Odd heads per peer, D not a power of two, padding that is not the LSE's own width.
 AWKWARD_SHAPE = ["--N", "2", "--batch", "1", "--heads", "6", "--D", "10", "--dtype", "float16"]
+#: Two live rows, the last of them a row of an empty request (pack's `empty=`).
+EMPTY_ROW = ["--N", "2", "--batch", "2", "--heads", "4", "--D", "8", "--empty", "1"]
 
 #: Layout pairs whose diff is kept twice: the default summary (`diff_A_B.txt`) and with every run
 #: (`diff_A_B_runs.txt`).
@@ -25,6 +35,7 @@ DIFF_PAIRS = (
     ("pynccl_a2a", "flashinfer_mnnvl"),
     ("vllm_a2a", "flashinfer_mnnvl"),
     ("vllm_a2a", "vllm_a2a"),
+    ("trtllm_helix_nccl", "trtllm_helix_native_v2"),
 )
 
 #: golden file name -> `layoutgen` arguments, as typed on a command line (family aliases such as --heads included)
@@ -36,6 +47,8 @@ CASES: dict[str, list[str]] = {
     **{f"diff_{a}_{b}.txt": ["diff", a, b] for a, b in DIFF_PAIRS},
     **{f"diff_{a}_{b}_runs.txt": ["diff", a, b, "--runs"] for a, b in DIFF_PAIRS},
     "diff_pynccl_a2a_flashinfer_mnnvl.json": ["diff", "pynccl_a2a", "flashinfer_mnnvl", "--json"],
+    "show_pynccl_a2a_empty_row.txt": ["show", "pynccl_a2a", *EMPTY_ROW],
+    "show_trtllm_helix_native_v2_empty_row.txt": ["show", "trtllm_helix_native_v2", *EMPTY_ROW],
 }
 
 #: Plain output whatever the caller's terminal settings: no colour, the CLI's fixed width.

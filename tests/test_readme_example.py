@@ -66,6 +66,12 @@ CLAIMED = {
     ("Add a backend in five minutes", "", 0): "test_the_five_minute_walk_through",
     ("Tuning", "bash", 0): "test_the_tuning_commands_plan_with_dry_run",
     ("Distributed exchange", "python", 0): "test_the_process_group_blocks_run_on_two_gloo_ranks",
+    (
+        "DCP contract v2: empty rows, (max, sum) statistics, an output scale",
+        "python",
+        0,
+    ): "test_the_family_examples_run",
+    ("Sequence parallelism (Ulysses)", "python", 0): "test_the_family_examples_run",
 }
 
 
@@ -127,6 +133,18 @@ def test_readme_engine_example_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, f"README example failed:\n{result.stdout}\n{result.stderr}"
     assert list(tmp_path.iterdir()) == []  # the example writes nothing
+
+
+@pytest.mark.parametrize(
+    "section", ["DCP contract v2: empty rows, (max, sum) statistics, an output scale", "Sequence parallelism (Ulysses)"]
+)
+def test_the_family_examples_run(section: str, tmp_path: Path) -> None:
+    code = block(section, "python")
+    assert "assert " in code  # it checks its own result
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, f"README example under {section!r} failed:\n{result.stdout}\n{result.stderr}"
 
 
 def _free_port() -> int:
