@@ -249,35 +249,40 @@ def transposing_pack(bench: Bench, N: int, B: int, H: int, D: int, tiles: list[t
     return row
 
 
-def fp8_pair(bench: Bench, name: str, base: str, kernel: str, N: int, B: int, H: int, D: int) -> dict[str, Any]:
-    """An fp8 spec's kernel against its bf16 base spec's, same inputs, each with its config."""
+def _timed_kernel(bench: Bench, spec_name: str, kernel: str, N: int, B: int, H: int, D: int) -> dict[str, Any]:
+    """One spec's pack or combine at one point, checked against the reference, with its config."""
     import layoutgen
     from layoutgen.dcp import reference
 
     device, dtype = bench.device, torch.bfloat16
+    module = layoutgen.load(spec_name)
+    nbytes = bench.bytes_moved(module, kernel, N, H, D, B)
+    sets = bench.sets(nbytes)
+    outs = [torch.randn(B, H, D, dtype=dtype, device=device) for _ in range(sets)]
+    lses = [torch.randn(B, H, device=device) * 4 for _ in range(sets)]
+    bufs = [module.alloc(N, B, H, D, dtype, device) for _ in range(sets)]
+    config, source = bench.config(module, kernel, N, H, D, B)
+    if kernel == "pack":
+        expected = _filled(module.alloc(N, B, H, D, dtype, device))
+        reference.pack(outs[0], lses[0], expected)
+        _filled(bufs[0])
+        module.pack(outs[0], lses[0], bufs[0], config=config)
+        if not _same(bufs[0], expected):
+            raise AssertionError(f"{spec_name} pack differs from the reference at N={N} B={B}")
+        timing = bench.time(lambda i: module.pack(outs[i], lses[i], bufs[i], config=config), sets, nbytes)
+    else:
+        for index in range(sets):
+            reference.pack(outs[index], lses[index], bufs[index])
+        result = torch.empty(B, H // N, D, dtype=dtype, device=device)
+        timing = bench.time(lambda i: module.combine(bufs[i], B, out=result, config=config), sets, nbytes)
+    return {**timing, "config": source, "bytes": nbytes}
+
+
+def fp8_pair(bench: Bench, name: str, base: str, kernel: str, N: int, B: int, H: int, D: int) -> dict[str, Any]:
+    """An fp8 spec's kernel against its bf16 base spec's, the same inputs' shapes, each with its config."""
     row: dict[str, Any] = {"spec": name, "base": base, "kernel": kernel, "N": N, "B": B, "H": H, "D": D}
-    for label, spec_name in (("fp8", name), ("bf16", base)):
-        module = layoutgen.load(spec_name)
-        nbytes = bench.bytes_moved(module, kernel, N, H, D, B)
-        sets = bench.sets(nbytes)
-        outs = [torch.randn(B, H, D, dtype=dtype, device=device) for _ in range(sets)]
-        lses = [torch.randn(B, H, device=device) * 4 for _ in range(sets)]
-        bufs = [module.alloc(N, B, H, D, dtype, device) for _ in range(sets)]
-        config, source = bench.config(module, kernel, N, H, D, B)
-        if kernel == "pack":
-            expected = _filled(module.alloc(N, B, H, D, dtype, device))
-            reference.pack(outs[0], lses[0], expected)
-            _filled(bufs[0])
-            module.pack(outs[0], lses[0], bufs[0], config=config)
-            if not _same(bufs[0], expected):
-                raise AssertionError(f"{spec_name} pack differs from the reference at N={N} B={B}")
-            timing = bench.time(lambda i, m=module, c=config: m.pack(outs[i], lses[i], bufs[i], config=c), sets, nbytes)
-        else:
-            for index in range(sets):
-                reference.pack(outs[index], lses[index], bufs[index])
-            result = torch.empty(B, H // N, D, dtype=dtype, device=device)
-            timing = bench.time(lambda i, m=module, c=config: m.combine(bufs[i], B, out=result, config=c), sets, nbytes)
-        row[label] = {**timing, "config": source, "bytes": nbytes}
+    row["fp8"] = _timed_kernel(bench, name, kernel, N, B, H, D)
+    row["bf16"] = _timed_kernel(bench, base, kernel, N, B, H, D)
     row["speedup"] = row["bf16"]["us"] / row["fp8"]["us"]
     return row
 
