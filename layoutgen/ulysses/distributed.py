@@ -15,16 +15,13 @@ which come from the graph's memory pool during capture (pass `out=` to write int
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from layoutgen.runtime.exchange import all_to_all_tensors
+from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
 from layoutgen.ulysses.dispatch import remember_buffers
 from layoutgen.ulysses.layout import DTYPES, Shape, UlyssesBuffers, check_shape
 from layoutgen.ulysses.spec import HeadCount, Transport, UlyssesSpec
@@ -32,30 +29,6 @@ from layoutgen.ulysses.spec import HeadCount, Transport, UlyssesSpec
 #: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the receive
 #: buffer of the same name on that peer (same layout, peer index = source rank).
 ExchangeFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], None]
-
-
-def _load_module(spec: Any) -> ModuleType:
-    if isinstance(spec, ModuleType):
-        missing = [name for name in ("SPEC", "alloc", "alloc_out", "scatter", "gather") if not hasattr(spec, name)]
-        if missing or getattr(spec.SPEC, "family", None) != "ulysses":
-            raise TypeError(
-                f"spec module {spec.__name__} is not a layoutgen generated module of the ulysses family"
-                + (f" (it lacks {', '.join(missing)})" if missing else "")
-            )
-        return spec
-    if isinstance(spec, str | Path):
-        from layoutgen.loader import load
-
-        module = load(spec)
-        if module.SPEC.family != "ulysses":
-            raise ValueError(
-                f"spec {spec!r} is of the {module.SPEC.family} family; UlyssesExchange takes ulysses specs"
-            )
-        return module
-    raise TypeError(
-        "spec must be a bundled spec name, a generated module (layoutgen.load) or a path to a generated .py; "
-        f"got {type(spec).__name__}"
-    )
 
 
 def _describe(tensor: torch.Tensor) -> str:
@@ -100,7 +73,7 @@ class UlyssesExchange:
         B: int = 1,
         exchange_fn: ExchangeFn | None = None,
     ) -> None:
-        self.module = _load_module(spec)
+        self.module = generated_module(spec, "ulysses", ("alloc", "alloc_out", "scatter", "gather"), "UlyssesExchange")
         self.spec: UlyssesSpec = self.module.SPEC
         if exchange_fn is not None and not callable(exchange_fn):
             raise TypeError(
@@ -118,7 +91,7 @@ class UlyssesExchange:
         self.device = torch.device(device)
         self.group = group
         self.exchange_fn = exchange_fn
-        self.rank, self.world_size = self._join(group)
+        self.rank, self.world_size = join_group(group, self.device, "UlyssesExchange", "sequence-parallel")
         self.shape = Shape(N=self.world_size, S_local=S_max, H=H, H_kv=H if H_kv is None else H_kv, D=D, dtype=dtype,
                            B=B)  # fmt: skip
         check_shape(self.spec, self.shape)
@@ -131,53 +104,18 @@ class UlyssesExchange:
         if self.world_size > 1:
             self._check_peers_agree()
 
-    def _join(self, group: Any) -> tuple[int, int]:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised: call torch.distributed.init_process_group (nccl on GPUs, "
-                "gloo on CPU) before building a UlyssesExchange"
-            )
-        rank = dist.get_rank(group)
-        if rank < 0:
-            raise ValueError(
-                f"this process (global rank {dist.get_rank()}) is not a member of the group passed to "
-                "UlyssesExchange; pass the sequence-parallel group this rank belongs to"
-            )
-        world_size = dist.get_world_size(group)
-        backend = str(dist.get_backend(group))  # "gloo", "nccl", or per device type: "cpu:gloo,cuda:nccl"
-        if world_size > 1 and self.device.type != "cuda" and "nccl" in backend and "gloo" not in backend:
-            raise ValueError(
-                f"the group uses NCCL, which moves CUDA tensors only, but device is {self.device}; "
-                "use a CUDA device or a gloo group"
-            )
-        return rank, world_size
-
     def _check_peers_agree(self) -> None:
-        """One all_gather at construction: a rank built with other arguments would otherwise hang or exchange
-        garbage on the first call."""
         shape = self.shape
         fields = {
-            "spec layout (sha256 prefix)": int(self.spec.layout_hash()[:15], 16),
+            "spec layout (sha256 prefix)": fingerprint(self.spec.layout_hash()),
             "S_max": shape.S_local,
             "H": shape.H,
             "H_kv": shape.H_kv,
             "D": shape.D,
             "B": shape.B,
-            "dtype": int(hashlib.sha256(str(shape.dtype).encode()).hexdigest()[:15], 16),
+            "dtype": fingerprint(str(shape.dtype)),
         }
-        backend = str(dist.get_backend(self.group))
-        device = self.device if self.device.type == "cuda" and "nccl" in backend else torch.device("cpu")
-        mine = torch.tensor(list(fields.values()), dtype=torch.int64, device=device)
-        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine, group=self.group)
-        for peer, theirs in enumerate(gathered):
-            differing = [name for name, a, b in zip(fields, mine.tolist(), theirs.tolist(), strict=True) if a != b]
-            if differing:
-                raise ValueError(
-                    f"UlyssesExchange arguments differ between ranks: rank {peer} of the group disagrees with rank "
-                    f"{self.rank} on {', '.join(differing)}; every rank must pass the same spec, S_max, H, H_kv, "
-                    "D, B and dtype"
-                )
+        check_ranks_agree(fields, self.group, self.device, "UlyssesExchange")
 
     def buffers(self, direction: str, S_local: int) -> tuple[UlyssesBuffers, UlyssesBuffers]:
         """(send, recv) of `direction` for an S_local-row call: the spec's dense layout at S_local over the
