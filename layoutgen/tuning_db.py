@@ -428,6 +428,18 @@ def record(
     return path
 
 
+def remove(path: Path, names: Iterable[str]) -> int:
+    """Drop the entries `names` from the database at `path` (under its lock, atomically); the count removed."""
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+    with FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S):
+        database = read_database(path)
+        doomed = set(names) & set(database.entries)
+        if doomed:
+            database.entries = {name: entry for name, entry in database.entries.items() if name not in doomed}
+            _write_atomically(path, database.to_json())
+    return len(doomed)
+
+
 def pick_bucket(size: int, buckets: Iterable[int]) -> int:
     """The smallest tuned bucket >= size, else the largest."""
     ordered = sorted(set(buckets))

@@ -398,3 +398,41 @@ def test_the_schema_1_migration_converts_by_content(tmp_path: Path) -> None:
     assert converted["dcp|pynccl_a2a|combine|N=2|Hl=2|D=8|bfloat16|B=1"].source_hash == combine_legacy
     assert converted["dcp|pynccl_a2a|combine|N=2|Hl=2|D=8|bfloat16|B=2"].source_hash.startswith("legacy:")
     assert converted["dcp|pynccl_a2a|combine|N=2|Hl=2|D=8|bfloat16|B=4"].timing_hash.startswith("legacy:")
+
+
+def test_db_prune_removes_only_what_no_machine_can_use(tmp_path: Path) -> None:
+    """An entry tuned for another kernel source goes; one tuned with another torch stays (another machine runs
+    it); an entry of a spec that is not bundled stays (a user's)."""
+    from typer.testing import CliRunner
+
+    from layoutgen.cli import app
+    from layoutgen.cli.common import expand_arguments
+    from layoutgen.dcp import FAMILY as DCP_FAMILY
+    from layoutgen.loader import load
+    from layoutgen.runtime.configs import expected_for
+
+    module = load("vllm_a2a")
+    decl = DCP_FAMILY.kernel("pack")
+    current = expected_for(decl, module.SPEC_HASH, module.SOURCE_HASHES["pack"])
+
+    def entry(bucket: int, **changes: Any) -> TuningEntry:
+        base = make_entry(make_key(bucket, spec="vllm_a2a")).model_copy(
+            update={"spec_hash": current.spec_hash, "source_hash": current.source_hash,
+                    "space_hash": current.space_hash, "timing_hash": current.timing_hash}
+        )  # fmt: skip
+        return base.model_copy(update=changes)
+
+    entries = [
+        entry(1),
+        entry(2, source_hash="0" * 64),
+        entry(4, versions={"triton": "3.6", "torch": "9.9"}),
+        make_entry(make_key(8, spec="someone_elses")),
+    ]
+    path = record(tmp_path, DEVICE, "9.0", entries, VERSIONS)
+    runner = CliRunner()
+    planned = runner.invoke(app, expand_arguments(["db", "prune", "--db", str(tmp_path), "--dry-run"]))
+    assert planned.exit_code == 0 and "would remove 1 of 4 entries" in planned.output
+    assert len(read_database(path).entries) == 4
+    pruned = runner.invoke(app, expand_arguments(["db", "prune", "--db", str(tmp_path)]))
+    assert pruned.exit_code == 0 and "removed 1 of 4 entries" in pruned.output
+    assert sorted(e.key.bucket for e in read_database(path).entries.values()) == [1, 4, 8]

@@ -347,3 +347,40 @@ def check(db: DbOption = None) -> None:
         say(f"no database files in {', '.join(str(d) for d in directories)} (an empty database is valid)")
     if problems:
         raise CommandFailed(f"{problems} invalid tuning database file(s)", code=1)
+
+
+#: Why an entry can be stale that no machine changes: what `prune` removes (the software versions are the
+#: machine's, so an entry tuned with another torch stays for the machines that run it).
+_CONTENT_REASONS = ("spec", "kernel source", "search space", "timing procedure")
+
+
+@app.command("prune")
+def prune(
+    db: DbOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed; change nothing.")] = False,
+) -> None:
+    """Remove the entries of bundled specs that can never be current again: tuned for another spec, kernel
+    source, search space or timing procedure (never for another triton or torch: those are the machine's)."""
+    from layoutgen.tuning_db import DatabaseError, current_problems, read_database, remove
+
+    directories = _dirs(db)
+    expected = _expectations()
+    total = 0
+    for path in _files(directories, None):
+        try:
+            database = read_database(path)
+        except DatabaseError as error:
+            raise CommandFailed(str(error), code=1) from None
+        doomed = []
+        for name, entry in database.entries.items():
+            wanted = expected.get((entry.key.spec, entry.key.kernel))
+            reasons = {reason for reason, _ in current_problems(entry, wanted)} if wanted is not None else set()
+            if reasons & set(_CONTENT_REASONS):
+                doomed.append(name)
+        total += len(doomed)
+        verb = "would remove" if dry_run else "removed"
+        if doomed and not dry_run:
+            remove(path, doomed)
+        say(f"{path}: {verb} {len(doomed)} of {len(database.entries)} entries", wrap=False)
+    if not total:
+        say("nothing to prune: every entry of a bundled spec is current for its spec, kernels, spaces and timing")
