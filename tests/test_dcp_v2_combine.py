@@ -1,4 +1,4 @@
-"""DCP contract v2 combine (DESIGN §8.3): (max, sum) stats, the output scale, and masked packs end to end.
+"""DCP contract v2 combine (the brief's DESIGN.md §8.3): (max, sum) stats, the output scale, and masked packs end to end.
 
 Receive buffers hold NaN in every byte the layout does not assign, so a combine that reads one, or lets an
 empty entry's payload through, produces NaN and fails.  Results are compared with the float64 reference

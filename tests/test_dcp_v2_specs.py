@@ -1,4 +1,4 @@
-"""The contract-v2 spec fields (DESIGN §8.3: `stats.form`, `max_slot`, `sum_slot`), and any valid spec with them.
+"""The contract-v2 spec fields (the brief's DESIGN.md §8.3: `stats.form`, `max_slot`, `sum_slot`), and any valid spec with them.
 
 * every new rule is a validator naming its field;
 * a spec that does not use the new fields keeps its layout hash (and so its generated module and tuning

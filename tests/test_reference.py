@@ -1,4 +1,4 @@
-"""The oracle itself, checked against expectations built by hand from DESIGN §3 and §4.
+"""The oracle itself, checked against expectations built by hand from docs/design.md §3 and §4.
 
 Everything else is judged against `layoutgen.reference`, so here it is judged
 against constructions that do not go through `LayoutBuffers` views: the byte
@@ -28,8 +28,11 @@ from layoutgen.dcp import reference
 from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.spec import bundled_specs
 
-#: The DCP family's bundled specs with one LSE word per entry ((max, sum) specs: tests/test_dcp_v2_pack.py).
-BUNDLED = {name: spec for name, spec in bundled_specs().items() if spec.family == "dcp" and not spec.max_sum}
+#: The DCP family's bundled specs with one LSE word per entry ((max, sum) specs: tests/test_dcp_v2_pack.py) and
+#: a payload in the activations' dtype or float32 (fp8 specs: tests/test_dcp_fp8_pack.py).
+BUNDLED = {
+    name: spec for name, spec in bundled_specs().items() if spec.family == "dcp" and not spec.max_sum and not spec.fp8
+}
 
 
 def _packed(spec, out, lse, N, B_max):

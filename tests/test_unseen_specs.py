@@ -1,4 +1,4 @@
-"""Specs nobody here wrote: any valid combination of the DESIGN §3 fields builds and is byte-exact.
+"""Specs nobody here wrote: any valid combination of the docs/design.md §3 fields builds and is byte-exact.
 
 The space of specs is enumerated from the schema (payload axis orders x wire
 dtype x placement x stats axis orders x slots/slot x align_bytes x transport).
@@ -104,7 +104,7 @@ def sample_specs(count: int, seed: int) -> list[dict]:
 
 # --- the validator against the rules, over the whole space ------------------------------------
 def _valid_by_the_design(data: dict) -> bool:
-    """DESIGN §3 restated independently of layoutgen.spec."""
+    """docs/design.md §3 restated independently of layoutgen.spec."""
     payload, stats, transport = data["payload"], data["stats"], data["transport"]
     if sorted(payload["axes"]) != sorted(PAYLOAD_AXES):
         return False
@@ -204,7 +204,7 @@ def check_unseen_spec(data: dict, directory, seed: int) -> None:
         assert_same_bytes(ours, theirs, label)
         expected = expected_layout_bytes(spec, out, lse, N, B_max)
         for name, got in byte_views(ours).items():
-            assert torch.equal(got, expected[name]), f"{label}: {name} is not the DESIGN §3 layout"
+            assert torch.equal(got, expected[name]), f"{label}: {name} is not the docs/design.md §3 layout"
         assert_canary_outside(ours, owned_byte_count(spec, N, B, H, D, dtype))
         sends.append(ours)
     for rank, received in enumerate(reference.exchange(sends)):

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from layoutgen.dcp.config import CombineConfig, PackConfig
+from layoutgen.dcp.constants import SHOW_ALIASES, SHOW_SHAPE
 from layoutgen.dcp.spec import DcpSpec, PayloadDtype
 from layoutgen.family import Family, GridAxis, KernelDecl, SearchSpace, SpaceExtents, VerifyReport
 
@@ -69,8 +70,8 @@ class DcpFamily(Family):
     bucket = GridAxis("B", tuple(1 << k for k in range(13)), (1, 3), "live batch rows", alias="batch")
     dtypes = ("bfloat16", "float16", "float32")
     #: E: how many of the B live rows are drawn as rows of empty requests (pack's `empty=`), the last ones.
-    show_shape: ClassVar[Mapping[str, int]] = {"N": 4, "B": 2, "H": 8, "D": 16, "E": 0}
-    show_aliases: ClassVar[Mapping[str, str]] = {"N": "N", "batch": "B", "heads": "H", "D": "D", "empty": "E"}
+    show_shape: ClassVar[Mapping[str, int]] = SHOW_SHAPE
+    show_aliases: ClassVar[Mapping[str, str]] = SHOW_ALIASES
 
     def render_context(self, spec: Any) -> dict[str, Any]:
         from layoutgen.dcp.render import module_context
@@ -106,7 +107,7 @@ class DcpFamily(Family):
     def _sizes(self, problem: Any) -> tuple[int, int, int, int, int]:
         """N, heads per peer, D, activation and wire element sizes of a problem."""
         elem = {"bfloat16": 2, "float16": 2, "float32": 4}[problem.dtype]
-        wire = 4 if problem.spec.payload.dtype is PayloadDtype.FLOAT32 else elem
+        wire = 4 if problem.spec.payload.dtype is PayloadDtype.FLOAT32 else 1 if problem.spec.fp8 else elem
         return problem.extent("N"), problem.extent("Hl"), problem.extent("D"), elem, wire
 
     def workload(self, target: Any, bucket: int, device: Any, l2_bytes: int) -> Any:
@@ -123,9 +124,12 @@ class DcpFamily(Family):
 
     def bytes_moved(self, problem: Any, bucket: int) -> int:
         """pack reads out + lse and writes the payload and stats bytes it owns (one word per entry, two for
-        a (max, sum) spec); combine reads N partials and their stats words and writes out."""
+        a (max, sum) spec, and an fp8 spec's float32 scale per block); combine reads N partials, their stats
+        words and scales, and writes out."""
+        from layoutgen.dcp.layout import scale_blocks
+
         N, heads_per_peer, D, elem, wire = self._sizes(problem)
-        words = problem.spec.stats.words
+        words = problem.spec.stats.words + scale_blocks(problem.spec, D)
         if problem.kernel == "pack":
             return bucket * N * heads_per_peer * (D * (elem + wire) + LSE_BYTES * (1 + words))
         return bucket * heads_per_peer * (N * (D * wire + LSE_BYTES * words) + D * elem)

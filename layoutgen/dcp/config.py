@@ -35,6 +35,23 @@ class CombineConfig(_TileConfig):
 CONFIG_TYPES: dict[str, type[LaunchConfig]] = {"pack": PackConfig, "combine": CombineConfig}
 
 
+def fp8_min_block_dim(spec: DcpSpec, D: int) -> int:
+    """The narrowest pack tile along dim for an fp8 spec: its scale block rounded up to a power of two (a
+    block's amax needs all of its elements in one program); 1 for any other spec."""
+    return next_pow2(spec.scale_block_of(D)) if spec.fp8 else 1
+
+
+def check_pack_tile(spec: DcpSpec, D: int, config: PackConfig) -> None:
+    """ValueError naming the fix when `config`'s dim block splits an fp8 spec's scale blocks."""
+    floor = fp8_min_block_dim(spec, D)
+    if config.block_dim < floor:
+        raise ValueError(
+            f"pack config block_dim={config.block_dim} splits the scale blocks of spec '{spec.name}' "
+            f"({spec.scale_block_of(D)} elements at D={D}) over programs, but a block's amax needs the whole "
+            f"block in one program: use block_dim >= {floor}"
+        )
+
+
 def _warps_for(tile_elements: int, elem_size: int) -> int:
     # One 16-byte access per thread per pass: 4 warps move 2 KiB; more warps only help big tiles.
     tile_bytes = tile_elements * elem_size
@@ -62,6 +79,14 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
     else:
         block_batch, block_peer = 1, 1
         block_head = min(next_pow2(heads_per_peer), max(1, 4096 // block_dim))
+    if spec.fp8:
+        # Whole scale blocks per program, ~4096 elements per tile, and at most 16 per thread: each element
+        # lives in registers as float32 through the block's amax and the division.
+        block_dim = max(block_dim, fp8_min_block_dim(spec, D))
+        while block_head > 1 and block_peer * block_batch * block_head * block_dim > 4096:
+            block_head //= 2
+        while block_batch > 1 and block_peer * block_batch * block_head * block_dim > 4096:
+            block_batch //= 2
     config = PackConfig(
         block_peer=block_peer,
         block_batch=block_batch,
@@ -69,6 +94,8 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
         block_dim=block_dim,
         num_warps=1,
     )
+    if spec.fp8:
+        return dataclasses.replace(config, num_warps=max(1, min(16, config.tile_elements // 512)))
     return dataclasses.replace(config, num_warps=_warps_for(config.tile_elements, elem_size))
 
 

@@ -7,6 +7,9 @@ per stats word, `[N, B, H/N]` float32: `lse_view(B)` for an `lse`-form spec,
 `max_view(B)` and `sum_view(B)` for a `max_sum` one (`stats_views(B)` gives
 whichever the spec has, by name).  The views are derived from the spec alone,
 so the reference and every generated module agree on where each byte lives.
+
+An fp8 spec adds `scale_view(B) -> [N, B, H/N, blocks]` float32: one scale per block of `scale_block`
+elements of a row, in the row tail after the stats words (row_tail) or in a `scales` buffer of its own.
 """
 
 from __future__ import annotations
@@ -15,13 +18,19 @@ from dataclasses import dataclass
 
 import torch
 
-from layoutgen.dcp.spec import PAYLOAD_AXES, STATS_AXES, DcpSpec, PayloadDtype
+from layoutgen.dcp.spec import PAYLOAD_AXES, SCALE_AXES, STATS_AXES, DcpSpec, PayloadDtype
 
 #: Activation dtypes a pack accepts for `out` (docs/design.md §4).
 INPUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 LSE_BYTES = 4
 #: The stats words of each form, in their order in a row tail.
 STATS_WORDS: dict[bool, tuple[str, ...]] = {False: ("lse",), True: ("max", "sum")}
+SCALE_BYTES = 4
+#: The torch dtype of each fp8 wire dtype.
+FP8_DTYPES: dict[PayloadDtype, torch.dtype] = {
+    PayloadDtype.FLOAT8_E4M3FN: torch.float8_e4m3fn,
+    PayloadDtype.FLOAT8_E5M2: torch.float8_e5m2,
+}
 
 
 def stats_words(spec: DcpSpec) -> tuple[str, ...]:
@@ -31,16 +40,23 @@ def stats_words(spec: DcpSpec) -> tuple[str, ...]:
 
 def wire_dtype(spec: DcpSpec, dtype: torch.dtype) -> torch.dtype:
     """The payload buffer's element type for activations of `dtype`."""
-    return torch.float32 if spec.payload.dtype is PayloadDtype.FLOAT32 else dtype
+    if spec.payload.dtype is PayloadDtype.FLOAT32:
+        return torch.float32
+    return FP8_DTYPES.get(spec.payload.dtype, dtype)
+
+
+def scale_blocks(spec: DcpSpec, head_dim: int) -> int:
+    """Float32 scales per row: D / scale_block for an fp8 spec, 0 otherwise."""
+    return head_dim // spec.scale_block_of(head_dim) if spec.fp8 else 0
 
 
 def row_length(spec: DcpSpec, head_dim: int, elem_size: int) -> int:
-    """Extent of the payload's `dim` axis in elements: D, or D + the stats tail (4 bytes per word) rounded up
-    to align_bytes."""
+    """Extent of the payload's `dim` axis in elements: D, or D + the row tail (4 bytes per stats word, then,
+    for an fp8 spec, 4 bytes per scale) rounded up to align_bytes."""
     if not spec.row_tail:
         return head_dim
     align = spec.align_bytes or LSE_BYTES
-    row_bytes = head_dim * elem_size + LSE_BYTES * spec.stats.words
+    row_bytes = head_dim * elem_size + LSE_BYTES * spec.stats.words + SCALE_BYTES * scale_blocks(spec, head_dim)
     row_bytes = -(-row_bytes // align) * align
     return row_bytes // elem_size
 
@@ -72,6 +88,11 @@ def check_shape(spec: DcpSpec, shape: Shape) -> None:
     if shape.dtype not in INPUT_DTYPES:
         raise TypeError(f"dtype must be one of {[str(d) for d in INPUT_DTYPES]}, got {shape.dtype}")
     elem_size = wire_dtype(spec, shape.dtype).itemsize
+    if spec.fp8 and shape.D % spec.scale_block_of(shape.D):
+        raise ValueError(
+            f"spec '{spec.name}' quantises blocks of scale_block={spec.payload.scale_block} elements, which must "
+            f"divide D; got D={shape.D}. Use a D that is a multiple of {spec.payload.scale_block}, or another spec"
+        )
     if spec.row_tail and (shape.D * elem_size) % LSE_BYTES:
         raise ValueError(
             f"spec '{spec.name}' stores its stats in the row tail, which needs D * element size to be a "
@@ -95,6 +116,10 @@ def buffer_shapes(spec: DcpSpec, shape: Shape) -> dict[str, tuple[tuple[str, ...
             raise RuntimeError(f"spec {spec.name}: a separate stats buffer without axes or slots")
         extents["slot"] = spec.stats.slots
         buffers["stats"] = (spec.stats.axes, tuple(extents[a] for a in spec.stats.axes), torch.float32)
+        if spec.fp8:
+            scale_axes = spec.payload.scale_axes or SCALE_AXES
+            extents["block"] = scale_blocks(spec, shape.D)
+            buffers["scales"] = (scale_axes, tuple(extents[a] for a in scale_axes), torch.float32)
     return buffers
 
 
@@ -169,6 +194,21 @@ class LayoutBuffers:
         stats = self.tensors["stats"].permute([axes.index(a) for a in STATS_AXES])
         slot = (self.spec.stats.max_slot, self.spec.stats.sum_slot)[word] if self.spec.max_sum else self.spec.stats.slot
         return stats[:, :B, :, slot]
+
+    def scale_view(self, B: int) -> torch.Tensor:
+        """[N, B, H/N, blocks] strided float32 view of an fp8 spec's block scales."""
+        self._check_batch(B)
+        if not self.spec.fp8:
+            raise ValueError(f"spec '{self.spec.name}' has a {self.spec.payload.dtype.value} payload: it has no scales")
+        blocks = scale_blocks(self.spec, self.D)
+        if self.spec.row_tail:
+            # dim is innermost (validated); the scales' float32 words follow the stats words.
+            start = self.D + LSE_BYTES * self.spec.stats.words
+            tail = self.tensors["payload"][..., start : start + SCALE_BYTES * blocks].view(torch.float32)
+            outer = self.spec.payload.axes[:-1]
+            return tail.permute([*(outer.index(a) for a in PAYLOAD_AXES[:-1]), 3])[:, :B]
+        axes = self.spec.payload.scale_axes or SCALE_AXES
+        return self.tensors["scales"].permute([axes.index(a) for a in SCALE_AXES])[:, :B]
 
     def lse_view(self, B: int) -> torch.Tensor:
         """[N, B, H/N] strided float32 view of the LSE words (an `lse`-form spec)."""

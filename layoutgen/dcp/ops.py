@@ -1,7 +1,7 @@
 """pack / combine as `torch.library` custom ops, so that `torch.compile(fullgraph=True)` traces them.
 
 Generated modules route here by themselves while `torch.compiler.is_compiling()`
-(`Dispatcher._pack_traced` / `_combine_traced`): a compiled model just calls
+(`layoutgen.dcp.traced`): a compiled model just calls
 `module.pack(...)` / `module.combine(...)`.  Importing `layoutgen.dcp.runtime`
 registers the ops.  The ops
 take tensors and ints, not the buffers object:
@@ -13,7 +13,7 @@ take tensors and ints, not the buffers object:
   writes `out` [B, H/N, D] and, unless None, `out_lse` [B, H/N] (float32, contiguous).
 
 `module` is the generated module's `__name__`, `config` a config's fields in
-declaration order (`layoutgen.dcp.dispatch.config_values`) or [] for the
+declaration order (`layoutgen.dcp.plans.config_values`) or [] for the
 dispatched default.  When the tensors are those of a live `alloc()` result the
 op reuses its cached plans; otherwise (e.g. functionalisation handed it copies)
 it validates and plans again, which is correct but slower.
@@ -28,7 +28,8 @@ import torch
 
 from layoutgen.config import LaunchConfig
 from layoutgen.dcp.config import CONFIG_TYPES
-from layoutgen.dcp.dispatch import buffers_from_tensors, dispatcher
+from layoutgen.dcp.dispatch import dispatcher
+from layoutgen.dcp.plans import buffers_from_tensors
 from layoutgen.runtime.tensors import describe
 
 _configs: dict[tuple[str, tuple[int, ...]], LaunchConfig] = {}

@@ -17,12 +17,17 @@ The contract (docs/design.md §4 and §8.3):
   (`exp2` in base 2, s_i = 1 for the lse form); an empty partial contributes
   nothing whatever its payload; all empty gives 0 and LSE -inf; `scale`
   multiplies the merged output.
+* fp8 specs (`layoutgen.dcp.quant`): pack quantises each row's payload per block of
+  `scale_block` elements (the rows of empty requests as +0.0: scale 1, zero codes) and
+  stores one float32 scale per block; combine dequantises (`q * scale`, float32)
+  before the float64 merge.
 """
 
 from __future__ import annotations
 
 import torch
 
+from layoutgen.dcp import quant
 from layoutgen.dcp.layout import LayoutBuffers
 
 LSE_BASES = ("e", "2")
@@ -72,8 +77,15 @@ def pack(
         return rows(stat, 1).reshape(B, N, heads_per_peer).permute(1, 0, 2).to(torch.float32)
 
     payload = bufs.payload_view(B)
-    per_peer_out = flat_out.reshape(B, N, heads_per_peer, D).permute(1, 0, 2, 3).to(payload.dtype)
-    payload.copy_(torch.where(masked[None, :, None, None], torch.zeros((), dtype=payload.dtype), per_peer_out))
+    if bufs.spec.fp8:
+        values = flat_out.reshape(B, N, heads_per_peer, D).permute(1, 0, 2, 3).to(torch.float32)
+        values = torch.where(masked[None, :, None, None], 0.0, values)
+        codes, scales = quant.quantise(values, bufs.spec.scale_block_of(D), payload.dtype)
+        payload.copy_(codes)
+        bufs.scale_view(B).copy_(scales)
+    else:
+        per_peer_out = flat_out.reshape(B, N, heads_per_peer, D).permute(1, 0, 2, 3).to(payload.dtype)
+        payload.copy_(torch.where(masked[None, :, None, None], torch.zeros((), dtype=payload.dtype), per_peer_out))
     row_masked = masked[None, :, None]
     if bufs.spec.max_sum:
         if max_sum is not None:
@@ -168,14 +180,23 @@ def merge_max_sum(
     return _merge(partial_out, maximum, total, lse_base, scale)
 
 
+def received_partials(recv: LayoutBuffers, B: int) -> torch.Tensor:
+    """The N partials `[N, B, H/N, D]` of a receive buffer as combine reads them: the payload, dequantised
+    (`q * scale`, float32) for an fp8 spec."""
+    if recv.spec.fp8:
+        return quant.dequantise(recv.payload_view(B), recv.scale_view(B))
+    return recv.payload_view(B)
+
+
 def combine(
     recv: LayoutBuffers, B: int, lse_base: str = "e", return_lse: bool = False, scale: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float64 `[B, H/N, D]` (and `[B, H/N]` LSE) from a receive buffer, whichever stats form its spec has."""
+    partials = received_partials(recv, B)
     if recv.spec.max_sum:
-        merged, merged_lse = merge_max_sum(recv.payload_view(B), recv.max_view(B), recv.sum_view(B), lse_base, scale)
+        merged, merged_lse = merge_max_sum(partials, recv.max_view(B), recv.sum_view(B), lse_base, scale)
     else:
-        merged, merged_lse = merge_partials(recv.payload_view(B), recv.lse_view(B), lse_base, scale)
+        merged, merged_lse = merge_partials(partials, recv.lse_view(B), lse_base, scale)
     return merged, (merged_lse if return_lse else None)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from layoutgen.dcp.spec import DcpSpec, PayloadDtype, Transport
+from layoutgen.dcp.spec import SCALE_AXES, DcpSpec, PayloadDtype, Transport
 from layoutgen.render_helpers import broadcast_index, offset_sum, stride_expressions, wrap_sum
 
 _EXTENT = {"peer": "NUM_PEERS", "batch": "batch_capacity", "head": "HEADS_PER_PEER", "dim": "ROW_LEN"}
@@ -105,6 +105,71 @@ def kernel_context(spec: DcpSpec) -> dict[str, object]:
     context["lse_row_offset"] = wrap_sum(with_tail(offset_sum(lse_order, lse_strides, lse_prefix, rows2)), 4)
     peer_term = offset_sum(lse_order, lse_strides, lse_prefix, {"peer": "peer"})
     context["lse_pointer2"] = pointer(f"{base} + {peer_term} + lse_row_offset")
+    context["fp8"] = spec.fp8
+    if spec.fp8:
+        context.update(fp8_context(spec, payload_stride))
+    return context
+
+
+#: The Triton type and the largest finite value of each fp8 wire dtype.
+_FP8_TYPES = {PayloadDtype.FLOAT8_E4M3FN: "tl.float8e4nv", PayloadDtype.FLOAT8_E5M2: "tl.float8e5"}
+
+
+def fp8_context(spec: DcpSpec, payload_stride: dict[str, str]) -> dict[str, object]:
+    """What the fp8 templates add: the tile's dim axis split into (block, lane) -- element dim of a row is
+    lane `dim % SCALE_BLOCK` of scale block `dim // SCALE_BLOCK` -- and where the block scales live."""
+    payload_axes = list(spec.payload.axes)
+    position = payload_axes.index("dim")
+    tile_axes = [*payload_axes[:position], "block", "lane", *payload_axes[position + 1 :]]
+    in_tile = {a: f"{a}_5d" for a in payload_axes}
+    in_tile["dim"] = "dim_5d"
+    rows5 = {a: f"{a}_5d" for a in ("peer", "batch", "head")}
+    rows4 = {"batch": "batch_4d", "head": "head_4d"}
+    context: dict[str, object] = {
+        "fp8_type": _FP8_TYPES[spec.payload.dtype],
+        "fp8_ptx": "e4m3" if spec.payload.dtype is PayloadDtype.FLOAT8_E4M3FN else "e5m2",
+        "fp8_max": repr(spec.fp8_max),
+        "fp8_e4m3": spec.payload.dtype is PayloadDtype.FLOAT8_E4M3FN,
+        "scale_block_literal": repr(spec.payload.scale_block),
+        "tile_axes": tile_axes,
+        "lane_axis": tile_axes.index("lane"),
+        "expand5": broadcast_index(tile_axes),
+        "fp8_payload_offset5": wrap_sum(offset_sum(payload_axes, payload_stride, "payload", in_tile), 4),
+        "fp8_payload_row_offset4": wrap_sum(
+            offset_sum(payload_axes, payload_stride, "payload", {**rows4, "dim": "dim_4d"}), 4
+        ),
+        # Programs along dim: groups of TILE_BLOCKS scale blocks, each split over LANE_PROGRAMS programs when a
+        # block is wider than the tile (combine only; pack needs whole blocks).
+        "block_count": {
+            **_BLOCK_COUNT,
+            "dim": "(((NUM_SCALE_BLOCKS + TILE_BLOCKS - 1) // TILE_BLOCKS) * LANE_PROGRAMS)",
+        },
+        "scales_batch_innermost": False,
+    }
+    if spec.row_tail:
+        # dim is innermost (validated), so element HEAD_DIM of a row is its first tail byte: the stats words, then
+        # one float32 scale per block.
+        words = spec.stats.words
+        row5 = offset_sum(payload_axes, payload_stride, "payload", rows5)
+        row4 = offset_sum(payload_axes, payload_stride, "payload", {"peer": "peer", **rows4})
+        context["scale_pointer5"] = (
+            f"(payload_ptr + {row5} + HEAD_DIM).to(tl.pointer_type(tl.float32)) + {words} + block_5d"
+        )
+        context["scale_pointer4"] = (
+            f"(payload_ptr + {row4} + HEAD_DIM).to(tl.pointer_type(tl.float32)) + {words} + block_4d"
+        )
+        context["scales_desc"] = f"float32 scales after the {words} stats word(s) of each payload row, one per block"
+        context["scale_axes"], context["scale_stride"] = [], {}
+    else:
+        scale_axes = list(spec.payload.scale_axes or SCALE_AXES)
+        strides = stride_expressions(scale_axes, {**_EXTENT, "block": "NUM_SCALE_BLOCKS"})
+        names5 = {**rows5, "block": "block_5d"}
+        names4 = {"peer": "peer", **rows4, "block": "block_4d"}
+        context["scale_pointer5"] = "scales_ptr + " + offset_sum(scale_axes, strides, "scales", names5)
+        context["scale_pointer4"] = "scales_ptr + " + offset_sum(scale_axes, strides, "scales", names4)
+        context["scales_desc"] = f"scales [{', '.join(scale_axes)}], float32"
+        context["scale_axes"], context["scale_stride"] = scale_axes, strides
+        context["scales_batch_innermost"] = scale_axes[-1] == "batch"
     return context
 
 
@@ -118,13 +183,14 @@ def _scaled(count: int, stride: str) -> str:
 def module_context(spec: DcpSpec) -> dict[str, Any]:
     """The kernel context plus what the module template's docstring and API need."""
     context: dict[str, Any] = kernel_context(spec)
-    buffer_lines = [
-        str(context["payload_desc"]) + ", the activations' dtype"
-        if spec.payload.dtype is PayloadDtype.INPUT
-        else str(context["payload_desc"]) + ", float32"
-    ]
+    wire = {PayloadDtype.INPUT: "the activations' dtype", PayloadDtype.FLOAT32: "float32"}.get(
+        spec.payload.dtype, f"{spec.payload.dtype.value} codes in blocks of {spec.payload.scale_block or 'D'} elements"
+    )
+    buffer_lines = [f"{context['payload_desc']}, {wire}"]
     if not spec.row_tail:
         buffer_lines.append(f"{context['stats_desc']}, float32, {spec.stats.slots} slot(s)")
+    if spec.fp8:
+        buffer_lines.append(str(context["scales_desc"]))
     context["stats_label"] = "(max, sum)" if spec.max_sum else "LSE"
     context["buffer_lines"] = buffer_lines
     context["transport"] = spec.transport.value

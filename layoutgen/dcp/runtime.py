@@ -13,8 +13,9 @@ import torch
 
 from layoutgen.dcp import ops as _ops  # noqa: F401  (registers the torch.ops.layoutgen custom ops)
 from layoutgen.dcp.checks import check_buffers
-from layoutgen.dcp.dispatch import Dispatcher, remember_buffers
+from layoutgen.dcp.dispatch import Dispatcher
 from layoutgen.dcp.layout import LayoutBuffers
+from layoutgen.dcp.plans import remember_buffers
 from layoutgen.dcp.spec import DcpSpec, Transport
 from layoutgen.runtime.exchange import all_to_all_tensors
 

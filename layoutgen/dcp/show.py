@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from layoutgen.dcp.constants import SHOW_SHAPE
 from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape, stats_words
 from layoutgen.dcp.spec import PAYLOAD_AXES, DcpSpec, Transport
 from layoutgen.show.facts import ASSUMED_BASE_ALIGN, WIDEST_STORE_BYTES, Facts
@@ -70,9 +71,7 @@ SIZE_HINT = "Use smaller --batch/--heads/--D: the pattern is the same at any siz
 def drawing_shape(shape: Mapping[str, int]) -> dict[str, int]:
     """N, B, H, D (and E, the empty rows) of a drawing: the family's drawing defaults for extents not given;
     unknown ones refused."""
-    from layoutgen.family import get_family
-
-    defaults = get_family("dcp").show_shape
+    defaults = SHOW_SHAPE
     unknown = sorted(set(shape) - set(defaults))
     if unknown:
         raise ValueError(f"a DCP drawing has no extent {', '.join(unknown)}; its extents: N, B, H, D, E")

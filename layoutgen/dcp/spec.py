@@ -8,6 +8,13 @@ Stats forms (§8.3): `lse` (the default) keeps one float32 word per (peer, batch
 `max_sum` keeps two, the running max `m` and the sum of exponentials `s` (TensorRT-LLM helix), so that
 `lse = m + log(s)`.  A `max_sum` stats buffer names the two words' slots (`max_slot`, `sum_slot`); in a row
 tail the max comes first and the sum right after it.
+
+fp8 on the wire (§8.3 of the project brief, docs/design.md §4.3): `payload.dtype: float8_e4m3fn` or
+`float8_e5m2` quantises the payload per block of `payload.scale_block` elements of a row (a power of two
+dividing D; unset: one block of D elements per row) with one float32 scale per block.  The scales travel
+with the stats: in a row tail they follow the stats words (one float32 word per block, in block order); with
+separate stats they are a float32 `scales` buffer of their own, axes `payload.scale_axes` (a permutation of
+peer, batch, head, block; default [peer, batch, head, block]).
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ from layoutgen.spec import FieldError, SpecBase
 PAYLOAD_AXES: tuple[str, ...] = ("peer", "batch", "head", "dim")
 #: Logical axes of a separate stats buffer.
 STATS_AXES: tuple[str, ...] = ("peer", "batch", "head", "slot")
+#: Logical axes of an fp8 spec's scales buffer (separate stats): one float32 scale per block of a row.
+SCALE_AXES: tuple[str, ...] = ("peer", "batch", "head", "block")
+#: The smallest scale block: a float32 scale per 16 fp8 elements already adds a quarter to the payload bytes.
+MIN_SCALE_BLOCK = 16
 
 
 class Transport(str, Enum):
@@ -35,6 +46,16 @@ class Transport(str, Enum):
 class PayloadDtype(str, Enum):
     INPUT = "input"  # the dtype of `out`
     FLOAT32 = "float32"
+    FLOAT8_E4M3FN = "float8_e4m3fn"  # quantised per block with float32 scales (largest finite 448)
+    FLOAT8_E5M2 = "float8_e5m2"  # likewise (largest finite 57344)
+
+    @property
+    def fp8(self) -> bool:
+        return self in (PayloadDtype.FLOAT8_E4M3FN, PayloadDtype.FLOAT8_E5M2)
+
+
+#: Largest finite value of each fp8 wire dtype: a block's scale is its amax over this (§8.3).
+FP8_MAX: dict[PayloadDtype, float] = {PayloadDtype.FLOAT8_E4M3FN: 448.0, PayloadDtype.FLOAT8_E5M2: 57344.0}
 
 
 class StatsPlacement(str, Enum):
@@ -50,6 +71,8 @@ class StatsForm(str, Enum):
 #: Stats fields of the contract v2; left out of the layout hash while unset, so that every spec written
 #: before them keeps its hash (and its tuning entries and generated module).
 V2_STATS_FIELDS: tuple[str, ...] = ("form", "max_slot", "sum_slot")
+#: Payload fields of fp8 specs; likewise left out of the hash while unset.
+FP8_PAYLOAD_FIELDS: tuple[str, ...] = ("scale_block", "scale_axes")
 
 
 class _Model(BaseModel):
@@ -64,12 +87,45 @@ def _check_permutation(axes: tuple[str, ...], expected: tuple[str, ...]) -> tupl
 
 class PayloadSpec(_Model):
     axes: tuple[str, ...] = Field(description="permutation of peer, batch, head, dim; outer to inner")
-    dtype: PayloadDtype = Field(description="wire dtype: `input` (same as `out`) or `float32`")
+    dtype: PayloadDtype = Field(
+        description="wire dtype: `input` (same as `out`), `float32`, or `float8_e4m3fn` / `float8_e5m2` (scaled)"
+    )
+    scale_block: StrictInt | None = Field(
+        default=None, description="fp8 only: elements per float32 scale, a power of two dividing D (unset: D)"
+    )
+    scale_axes: tuple[str, ...] | None = Field(
+        default=None, description="fp8 with separate stats only: the scales buffer's axes (peer, batch, head, block)"
+    )
 
     @field_validator("axes")
     @classmethod
     def _axes_are_a_permutation(cls, axes: tuple[str, ...]) -> tuple[str, ...]:
         return _check_permutation(axes, PAYLOAD_AXES)
+
+    @field_validator("scale_axes")
+    @classmethod
+    def _scale_axes_are_a_permutation(cls, axes: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if axes is None else _check_permutation(axes, SCALE_AXES)
+
+    @model_validator(mode="after")
+    def _scale_fields_need_fp8(self) -> PayloadSpec:
+        if not self.dtype.fp8:
+            for field in FP8_PAYLOAD_FIELDS:
+                if getattr(self, field) is not None:
+                    raise FieldError(
+                        f"payload.{field}",
+                        f"is only for an fp8 payload (dtype: float8_e4m3fn or float8_e5m2); remove it, or set "
+                        f"one of those dtypes (got dtype: {self.dtype.value})",
+                    )
+            return self
+        block = self.scale_block
+        if block is not None and (block < MIN_SCALE_BLOCK or block & (block - 1)):
+            raise FieldError(
+                "payload.scale_block",
+                f"must be a power of two >= {MIN_SCALE_BLOCK} (elements of a row per float32 scale; it must also "
+                f"divide D), got {block}; leave it out for one scale per row",
+            )
+        return self
 
 
 class StatsSpec(_Model):
@@ -183,10 +239,27 @@ class DcpSpec(SpecBase):
                 )
         elif self.align_bytes is not None:
             raise FieldError("align_bytes", "is only for stats.placement: row_tail; remove it")
+        if self.payload.dtype.fp8:
+            if row_tail and self.payload.axes[-1] != "dim":
+                raise FieldError(
+                    "payload.axes",
+                    "row_tail with an fp8 payload needs `dim` innermost (the stats and the float32 scales follow "
+                    f"the row's D elements); got {list(self.payload.axes)}. Move `dim` last or use placement: separate",
+                )
+            if row_tail and self.payload.scale_axes is not None:
+                raise FieldError(
+                    "payload.scale_axes",
+                    "is only for placement: separate; remove it (row_tail stores the scales after the stats words "
+                    "of each row)",
+                )
+            if not row_tail and self.payload.scale_axes is None:
+                object.__setattr__(self.payload, "scale_axes", SCALE_AXES)
         if self.transport is Transport.ALL_TO_ALL_SINGLE:
             buffers = [("payload.axes", self.payload.axes)]
             if self.stats.axes is not None:
                 buffers.append(("stats.axes", self.stats.axes))
+            if self.payload.scale_axes is not None:
+                buffers.append(("payload.scale_axes", self.payload.scale_axes))
             for field, axes in buffers:
                 if axes[0] != "peer":
                     raise FieldError(
@@ -205,6 +278,20 @@ class DcpSpec(SpecBase):
         """Whether the stats are (max, sum) pairs (TensorRT-LLM helix) rather than one LSE word."""
         return self.stats.stats_form is StatsForm.MAX_SUM
 
+    @property
+    def fp8(self) -> bool:
+        """Whether the payload travels as fp8 with float32 block scales."""
+        return self.payload.dtype.fp8
+
+    @property
+    def fp8_max(self) -> float:
+        """The fp8 wire dtype's largest finite value (448 or 57344)."""
+        return FP8_MAX[self.payload.dtype]
+
+    def scale_block_of(self, head_dim: int) -> int:
+        """Elements per scale block at head dim D: `payload.scale_block`, or D when unset."""
+        return self.payload.scale_block or head_dim
+
     @functools.cached_property
     def _layout_hash(self) -> str:
         # The contract-v2 stats fields count only when set (form: lse is the default, so it counts as unset):
@@ -214,4 +301,7 @@ class DcpSpec(SpecBase):
         for field in V2_STATS_FIELDS:
             if stats.get(field) is None or (field == "form" and stats[field] == StatsForm.LSE.value):
                 stats.pop(field, None)
+        for field in FP8_PAYLOAD_FIELDS:
+            if data["payload"].get(field) is None:
+                data["payload"].pop(field, None)
         return content_hash(data)

@@ -7,7 +7,9 @@ whole buffers (canary-filled, so a byte the layout does not own must stay untouc
 them is caught).  A pack config is gated twice: as timed (lse in, no mask) and in the contract-v2 form the
 spec serves (an empty mask with a masked row, and (max, sum) in for a max_sum spec), which is one more
 compile of the same config; the tuning key, and so the database, is the same for both forms.  A combine of
-a max_sum spec is gated with (max, sum) stats and their empty entries.
+a max_sum spec is gated with (max, sum) stats and their empty entries.  An fp8 spec's pack is gated on
+inputs with an all-zero, a huge and a non-finite block too, its combine with random codes and block scales
+(NaN codes and scales behind the empty entries).
 """
 
 from __future__ import annotations
@@ -93,6 +95,14 @@ class DcpWorkload(Workload):
         lse[0, 0] = float("-inf")
         lse[-1, -1] = float("inf")
         lse[self.batch // 2, self.H // 2] = float("nan")
+        if self.problem.spec.fp8:
+            # Blocks the quantisation treats apart: all zero (scale 1), huge (outside the fast path's range),
+            # and non-finite elements (code 0x7F, the scale from the finite ones).
+            out[0, 0] = 0.0
+            huge = 1e32 if self.dtype != torch.float16 else 1.0  # float16 cannot leave the fast path's range
+            out[-1, -1] = (out[-1, -1].float() * huge).to(self.dtype)
+            out[self.batch // 2, 0, 0] = float("nan")
+            out[self.batch // 2, -1, -1] = float("-inf")
         mismatch = self._compare_pack(config, candidate, expected, {"out": out, "lse": lse})
         if mismatch is not None:
             return mismatch
@@ -143,6 +153,9 @@ class DcpWorkload(Workload):
             tensor.view(torch.uint8).fill_(NAN_BYTE)
         payload = received.payload_view(self.batch)
         payload.copy_(torch.randn(payload.shape, generator=generator, device=self.device))
+        if self.problem.spec.fp8:  # codes of |x| < 4 (randn) and positive block scales
+            scales = received.scale_view(self.batch)
+            scales.copy_(torch.rand(scales.shape, generator=generator, device=self.device) + 0.01)
         stats = received.stats_views(self.batch)
         first = stats["max"] if "max" in stats else stats["lse"]
         first.copy_(torch.randn(first.shape, generator=generator, device=self.device) * 4)
@@ -163,7 +176,8 @@ class DcpWorkload(Workload):
         want, _ = reference.combine(received, self.batch, "e")
         taking_part = first.isfinite() & (stats["sum"] > 0) if "sum" in stats else first.isfinite()
         valid = taking_part.unsqueeze(-1).expand_as(payload)
-        scale = float(payload.float().abs().where(valid, 0.0).max())
+        partials = reference.received_partials(received, self.batch)
+        scale = float(partials.float().abs().where(valid, 0.0).max())
         ratio = combine_error(result, want, scale)
         if not ratio <= 1.0:
             return f"combine outside the tolerance of layoutgen.tolerances: {ratio:.3g}x the allowed error"
@@ -185,6 +199,9 @@ class DcpWorkload(Workload):
             return {"out": out, "lse": lse, "bufs": bufs}
         payload = bufs.payload_view(self.batch)
         payload.copy_(torch.randn(payload.shape, generator=generator, device=self.device))
+        if self.problem.spec.fp8:
+            scales = bufs.scale_view(self.batch)
+            scales.copy_(torch.rand(scales.shape, generator=generator, device=self.device) + 0.01)
         for name, words in bufs.stats_views(self.batch).items():
             values = torch.randn(words.shape, generator=generator, device=self.device)
             words.copy_(values * 4 if name != "sum" else 1 + values.abs())

@@ -1,0 +1,92 @@
+"""What a DCP dispatcher caches per call key, and the helpers the custom ops share with it.
+
+A `PackPlan` / `CombinePlan` is made once per (shapes, strides, dtypes, devices, config) key by
+`layoutgen.dcp.pack_plan` / `layoutgen.dcp.combine_plan` and kept on the buffers object
+(`layoutgen.runtime.plans`); `direct` replays the recorded kernel launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from layoutgen.dcp.config import CombineConfig, PackConfig
+from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape
+from layoutgen.dcp.spec import DcpSpec
+from layoutgen.runtime.plans import remember, remembered
+
+#: CUDA's limit on a grid's y dimension, along which pack runs its batch blocks (the generated launcher
+#: refuses a config that needs more).
+MAX_GRID_Y = 65535
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+LaunchFunction = Callable[..., None]
+
+
+@dataclass
+class PackPlan:
+    batch: int
+    config: PackConfig
+    index_64: bool
+    # Replays the recorded launch with a call's (out, lse, *buffers); None until recorded or when it can't be.
+    direct: Callable[[tuple[Any, ...]], None] | None = None
+    recorded: bool = False
+
+
+@dataclass
+class CombinePlan:
+    config: CombineConfig
+    index_64: bool
+    lse_base_2: bool
+    out_shape: tuple[int, int, int]
+    dtype: torch.dtype
+    device: torch.device
+    scale: float = 1.0
+    # Replays the recorded launch with a call's (*buffers, out, out_lse); None until recorded or when it can't be.
+    direct: Callable[[tuple[Any, ...]], None] | None = None
+    recorded: bool = False
+
+
+def remember_buffers(bufs: LayoutBuffers) -> LayoutBuffers:
+    remember(bufs, bufs.tensors["payload"])
+    return bufs
+
+
+def buffers_from_tensors(
+    spec: DcpSpec, tensors: list[torch.Tensor], N: int, B_max: int, H: int, D: int, dtype: torch.dtype
+) -> LayoutBuffers:
+    """The buffers object holding exactly `tensors` (alloc()'s, when it is alive), else a new one over them."""
+    if tensors:
+        bufs = remembered(tensors[0])
+        if (
+            isinstance(bufs, LayoutBuffers)
+            and bufs.layout_hash == spec.layout_hash()
+            and bufs.shape == Shape(N, B_max, H, D, dtype)
+            and len(bufs.tensors) == len(tensors)
+            and all(mine is given for mine, given in zip(bufs.tensors.values(), tensors, strict=True))
+        ):
+            return bufs
+    shape = Shape(N, B_max, H, D, dtype)
+    check_shape(spec, shape)
+    names = list(buffer_shapes(spec, shape))
+    if len(tensors) != len(names):
+        raise ValueError(f"buffers must be the {len(names)} tensors {names} of spec '{spec.name}'; got {len(tensors)}")
+    return LayoutBuffers(spec, shape, dict(zip(names, tensors, strict=True)))
+
+
+def config_values(config: Any) -> list[int]:
+    """A config as the custom ops take it: its fields in declaration order, [] for None."""
+    return [] if config is None else list(config.values())
+
+
+def fit_grid(config: PackConfig, batch: int) -> PackConfig:
+    """A pack config whose batch blocks fit the grid's y axis: past MAX_GRID_Y x block_batch rows (a batch
+    no decode step reaches, but dispatch must not fail on it) the rows per program double until they fit."""
+    block_batch = config.block_batch
+    while -(-batch // block_batch) > MAX_GRID_Y:
+        block_batch *= 2
+    return config if block_batch == config.block_batch else dataclasses.replace(config, block_batch=block_batch)

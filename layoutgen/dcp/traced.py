@@ -1,0 +1,44 @@
+"""A DCP dispatcher under `torch.compile`: calls become the `layoutgen::pack` / `layoutgen::combine`
+custom ops (`layoutgen.dcp.ops`), which take tensors and ints rather than the buffers object."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from layoutgen.dcp import checks
+from layoutgen.dcp.plans import config_values
+
+
+def pack_traced(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: Any = None, max_sum: Any = None) -> None:
+    maximum, total = (None, None) if max_sum is None else max_sum
+    tensors = list(bufs.tensors.values())
+    shape = (owner.name, bufs.N, bufs.B_max, bufs.H, bufs.D, config_values(config))
+    torch.ops.layoutgen.pack(out, lse, tensors, *shape, empty, maximum, total)
+
+
+def combine_traced(
+    owner: Any, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # Allocation stays in the traced graph; the op only writes.
+    heads_per_peer = bufs.H // bufs.N
+    device = bufs.tensors["payload"].device
+    if out is None:
+        out = torch.empty((B, heads_per_peer, bufs.D), dtype=bufs.dtype, device=device)
+    out_lse = torch.empty((B, heads_per_peer), dtype=torch.float32, device=device) if return_lse else None
+    torch.ops.layoutgen.combine(
+        list(bufs.tensors.values()),
+        out,
+        out_lse,
+        owner.name,
+        bufs.N,
+        bufs.B_max,
+        bufs.H,
+        bufs.D,
+        B,
+        lse_base,
+        config_values(config),
+        checks.check_scale(scale),
+    )
+    return out, out_lse
