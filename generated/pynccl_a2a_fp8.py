@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'pynccl_a2a_fp8'
 SPEC_HASH = 'b95b7d581dfddc74e68907abef52c19146742ef6474e39489a62429e895d95f4'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'c76665d5672d13de25bd8df7b11aa6593a0f6635d52285cd46a2bcd428b631a8', 'combine': 'b3ef0c35e8ff0c19e66fd921ad0e2690fab3b5b8ace856ad0f0d1eaf07bca156'}
+SOURCE_HASHES = {'pack': '057d923bdc00ba57c8c168b421866a46484e8a83f65c020b65269c399c1304ac', 'combine': 'b3ef0c35e8ff0c19e66fd921ad0e2690fab3b5b8ace856ad0f0d1eaf07bca156'}
 SPEC_SUMMARY = "pynccl_a2a with an fp8 (e4m3fn) payload; each row's float32 scale follows the LSE in the row tail, rows padded to 16 bytes."
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'pynccl_a2a_fp8', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'float8_e4m3fn'}, 'stats': {'placement': 'row_tail'}, 'align_bytes': 16}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -299,7 +299,7 @@ def _launch_pack(out, lse, bufs, batch, config, index_64, kernel=_pack_kernel, *
     if lane_programs > 1:
         raise ValueError(
             f"pack: block_dim={config.block_dim} splits the scale blocks of {scale_block} elements over programs; "
-            f"an fp8 pack quantises whole blocks in one program: use block_dim >= {lanes}"
+            f"an fp8 pack quantises whole blocks in one program: use block_dim >= {triton.next_power_of_2(scale_block)}"
         )
     blocks = {
         "peer": triton.cdiv(N, config.block_peer),

@@ -15,7 +15,7 @@ import torch
 from conftest import assert_same_bytes, fill_bytes, generated_module, requires_interpreter
 
 from layoutgen.dcp.config import CombineConfig, PackConfig
-from layoutgen.dcp.dispatch import config_values
+from layoutgen.dcp.plans import config_values
 from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.runtime import reset_caches
 
@@ -48,7 +48,7 @@ def step(module: ModuleType, out: torch.Tensor, lse: torch.Tensor, send: LayoutB
     return merged, merged_lse, plain
 
 
-@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "vllm_a2a"])
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "vllm_a2a", "pynccl_a2a_fp8", "vllm_a2a_fp8"])
 def test_compiled_step_matches_eager_bytes(spec_name: str) -> None:
     module = generated_module(spec_name)
     buffers = {

@@ -17,7 +17,6 @@ memory pool during capture (pass `merged_out=` to write into a tensor of your ow
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from layoutgen.dcp.exchange_inputs import check_call_inputs
 from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
 from layoutgen.dcp.spec import Transport
 
@@ -60,10 +60,6 @@ def _positive_int(label: str, value: Any) -> int:
     if value < 1:
         raise ValueError(f"{label} must be >= 1, got {value}")
     return value
-
-
-def _describe(tensor: torch.Tensor) -> str:
-    return f"shape {list(tensor.shape)}, {tensor.dtype} on {tensor.device}"
 
 
 class DcpExchange:
@@ -114,7 +110,7 @@ class DcpExchange:
         if self.spec.transport is Transport.EXTERNAL and exchange_fn is None:
             raise ValueError(
                 f"spec '{self.spec.name}' has transport external: pass exchange_fn(send_tensors, recv_tensors) "
-                "that moves its buffers (for FlashInfer MNNVL: layoutgen.distributed.flashinfer_mnnvl_exchange)"
+                "that moves its buffers (for FlashInfer MNNVL: layoutgen.dcp.distributed.flashinfer_mnnvl_exchange)"
             )
         if lse_base not in _LSE_BASES:
             raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
@@ -217,78 +213,7 @@ class DcpExchange:
 
     def _check_inputs(self, out: Any, lse: Any, empty: Any, max_sum: Any) -> tuple[int, tuple[int, ...]]:
         """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
-        try:
-            stats = [lse] if max_sum is None else list(max_sum)
-            key = (
-                out.shape,
-                out.stride(),
-                out.dtype,
-                out.device,
-                *((t.shape, t.stride(), t.dtype, t.device) for t in stats),
-                None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device),
-                max_sum is None,
-            )
-        except (AttributeError, TypeError):
-            key = None
-        if key is not None and key in self._checked_inputs:
-            return math.prod(out.shape[:-2]), tuple(out.shape[:-2])
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor [B, H={self.H}, D={self.D}], got {type(out).__name__}")
-        if out.dim() not in (3, 4) or out.shape[-2] != self.H or out.shape[-1] != self.D:
-            raise ValueError(
-                f"out must have shape [B, H={self.H}, D={self.D}] or [R, T, H={self.H}, D={self.D}]; got {_describe(out)}"
-            )
-        lead = tuple(out.shape[:-2])
-        batch = math.prod(lead)
-        if batch > self.B_max:
-            raise ValueError(
-                f"out has B={batch} rows{'' if len(lead) == 1 else f' ({lead[0]} x {lead[1]})'} but this DcpExchange "
-                f"was built for B_max={self.B_max}; build it with a larger B_max"
-            )
-        if out.dtype != self.dtype:
-            raise TypeError(
-                f"out must be {self.dtype} (the dtype this DcpExchange was built for); got {_describe(out)}"
-            )
-        if out.device != self.device:
-            raise ValueError(
-                f"out must be on {self.device} (the device this DcpExchange was built for); got {_describe(out)}"
-            )
-        if (lse is None) == (max_sum is None):
-            raise TypeError("pass exactly one of lse and max_sum=(max, sum)")
-        if max_sum is not None and (not isinstance(max_sum, tuple | list) or len(max_sum) != 2):
-            raise TypeError(f"max_sum must be a (max, sum) pair of float32 tensors; got {type(max_sum).__name__}")
-        if max_sum is not None and self.lse_base == "2" and not self.spec.max_sum:
-            raise ValueError(
-                f"spec '{self.spec.name}' keeps LSEs, and pack turns (max, sum) into max + ln(sum) (natural log): "
-                "with lse_base '2' pass lse (or use a max_sum spec, whose combine works in base 2)"
-            )
-        names = ("lse",) if max_sum is None else ("max_sum[0] (max)", "max_sum[1] (sum)")
-        want = f"[B={lead[0]}, H={self.H}]" if len(lead) == 1 else f"[R={lead[0]}, T={lead[1]}, H={self.H}]"
-        for label, tensor in zip(names, [lse] if max_sum is None else list(max_sum), strict=True):
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"{label} must be a float32 torch.Tensor {want}, got {type(tensor).__name__}")
-            if tuple(tensor.shape) != (*lead, self.H):
-                raise ValueError(f"{label} must have shape {want}; got {_describe(tensor)}")
-            if tensor.dtype != torch.float32:
-                raise TypeError(f"{label} must be float32; got {_describe(tensor)}")
-            if tensor.device != self.device:
-                raise ValueError(
-                    f"{label} must be on {self.device} (the device this DcpExchange was built for); got {_describe(tensor)}"
-                )
-        if empty is not None and (
-            not isinstance(empty, torch.Tensor) or empty.dtype != torch.bool or tuple(empty.shape) != lead[:1]
-        ):
-            got = _describe(empty) if isinstance(empty, torch.Tensor) else type(empty).__name__
-            raise ValueError(
-                f"empty must be None or a torch.bool tensor [R={lead[0]}] (one flag per request); got {got}"
-            )
-        if empty is not None and empty.device != self.device:
-            raise ValueError(
-                f"empty must be on {self.device} (the device this DcpExchange was built for); got {_describe(empty)}"
-            )
-        if key is not None:
-            self._checked_inputs.add(key)
-        return int(batch), lead
+        return check_call_inputs(self, out, lse, empty, max_sum)
 
     def __call__(
         self,

@@ -7,7 +7,9 @@ capacity is one more than the live batch so that an unused row shows.  Bytes no 
 in rows b >= B and in every other stats slot, and "padding" where they lie in a live payload row (its
 tail rounded up to align_bytes).  With the extent E (`--empty`) the last E live rows are drawn as rows of
 empty requests (pack's `empty=`): their payload is kind "empty" (written as +0.0), their stats words are
-labelled with the value pack writes (-inf; a sum 0).
+labelled with the value pack writes (-inf; a sum 0).  An fp8 spec's block scales are the kind "scale"
+(`scale_view(B)` [peer, batch, head, block]; axis letter k), in the row tail after the stats words or in
+the scales buffer.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any
 import torch
 
 from layoutgen.dcp.constants import SHOW_SHAPE
-from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape, stats_words
-from layoutgen.dcp.spec import PAYLOAD_AXES, DcpSpec, Transport
+from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape, scale_blocks, stats_words
+from layoutgen.dcp.spec import PAYLOAD_AXES, SCALE_AXES, DcpSpec, Transport
 from layoutgen.show.facts import ASSUMED_BASE_ALIGN, WIDEST_STORE_BYTES, Facts
 from layoutgen.show.model import (
     Buffer,
@@ -54,14 +56,18 @@ EMPTY_KIND = Kind("empty", Look.FILLER)
 EMPTY_ROW_AXIS = "empty_row"
 EMPTY_ROW_AXES: tuple[str, ...] = ("peer", EMPTY_ROW_AXIS, "head", "dim")
 #: What pack writes into each stats word of an empty row.
-EMPTY_VALUES = {"lse": "-inf", "max": "-inf", "sum": "0"}
+EMPTY_VALUES = {"lse": "-inf", "max": "-inf", "sum": "0", "scale": "1"}
+#: An fp8 spec's float32 block scales; their axis `block` (letter k) is drawn only for fp8 specs.
+SCALE_KIND = Kind("scale", Look.MARKED)
+SCALE_LETTERS = {"block": "k"}
 
 
 def kinds_of(spec: DcpSpec, empty_rows: int) -> tuple[Kind, ...]:
-    """The kinds of a drawing: payload, [empty], the spec's stats words (lse, or max and sum), padding, unused.
-    An lse spec without empty rows has exactly KINDS (its drawings are the ones before contract v2)."""
+    """The kinds of a drawing: payload, [empty], the spec's stats words (lse, or max and sum), [scale], padding,
+    unused.  An lse spec without empty rows or fp8 has exactly KINDS (its drawings are the ones before)."""
     words = tuple(Kind(word, Look.MARKED) for word in stats_words(spec))
-    return (KINDS[0], *((EMPTY_KIND,) if empty_rows else ()), *words, *KINDS[2:])
+    scales = (SCALE_KIND,) if spec.fp8 else ()
+    return (KINDS[0], *((EMPTY_KIND,) if empty_rows else ()), *words, *scales, *KINDS[2:])
 
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -128,6 +134,8 @@ def byte_layout(spec: DcpSpec, shape: Mapping[str, int], dtype: str) -> ByteLayo
         # Its own row axis: view index e is buffer row B - E + e (a view axis named `batch` would claim index e).
         placements.append(Placement("empty", payload[:, B - E :], EMPTY_ROW_AXES, tag="+0.0"))
     placements += [Placement(word, view, LSE_AXES, tag=word) for word, view in bufs.stats_views(B).items()]
+    if spec.fp8:
+        placements.append(Placement("scale", bufs.scale_view(B), SCALE_AXES, tag="scale"))
     header_shape: dict[str, Any] = {"N": N, "B": B, "B_max": B + 1, "H": H, "heads_per_peer": H // N, "D": D}
     shape_json: dict[str, Any] = {"N": N, "B": B, "B_max": B + 1, "H": H, "D": D}
     if E:
@@ -138,7 +146,11 @@ def byte_layout(spec: DcpSpec, shape: Mapping[str, int], dtype: str) -> ByteLayo
         buffers=tuple(Buffer(name, tensor, axes[name]) for name, tensor in bufs.tensors.items()),
         placements=tuple(placements),
         kinds=kinds,
-        axis_letters={**AXIS_LETTERS, EMPTY_ROW_AXIS: "e"} if E else AXIS_LETTERS,
+        axis_letters={
+            **AXIS_LETTERS,
+            **({EMPTY_ROW_AXIS: "e"} if E else {}),
+            **(SCALE_LETTERS if spec.fp8 else {}),
+        },
         colour_axis="peer",
         label=lambda run: label(run, B, E),
         legend=legend(spec, B, E),
@@ -175,7 +187,10 @@ def label(run: Run, live_batch: int, empty_rows: int = 0) -> str:
         return " ".join(axes_label(run, tuple(AXIS_LETTERS), AXIS_LETTERS))
     if run.kind == "empty":
         return " ".join([*axes_label(run, tuple(AXIS_LETTERS), AXIS_LETTERS), "+0.0"])
-    words = [*axes_label(run, LSE_AXES, AXIS_LETTERS), run.kind]
+    if run.kind == "scale":
+        words = [*axes_label(run, SCALE_AXES, {**AXIS_LETTERS, **SCALE_LETTERS}), run.kind]
+    else:
+        words = [*axes_label(run, LSE_AXES, AXIS_LETTERS), run.kind]
     first_empty = live_batch - empty_rows
     if run.kind in EMPTY_VALUES and empty_rows and batch is not None and batch[1] > first_empty:
         # A run along batch may hold live and empty rows (batch-innermost layouts): say where the values start.
@@ -192,15 +207,18 @@ def legend(spec: DcpSpec, live_batch: int, empty_rows: int = 0) -> Legend:
         )
     else:
         stats = (LegendEntry("lse", " lse ", "float32 LSE word", "LSE (float32)"),)
+    if spec.fp8:
+        stats = (*stats, LegendEntry("scale", " scl ", "float32 scale of a block of the row", "block scale (float32)"))
     empty: tuple[LegendEntry, ...] = ()
     if empty_rows:
         words = "(max, sum) (-inf, 0)" if spec.max_sum else "LSE -inf"
+        zero = "zero codes, scale 1" if spec.fp8 else "+0.0"
         empty = (
             LegendEntry(
                 "empty",
                 "+0.0",
-                f"rows of empty requests (b >= {live_batch - empty_rows}): +0.0, {words}",
-                f"empty row (+0.0; {words})",
+                f"rows of empty requests (b >= {live_batch - empty_rows}): {zero}, {words}",
+                f"empty row ({zero}; {words})",
             ),
         )
     return Legend(
@@ -217,6 +235,7 @@ def legend(spec: DcpSpec, live_batch: int, empty_rows: int = 0) -> Legend:
             ),
         ),
         key="p peer, b batch row, h head of the peer's block, d position in the row (wire elements), s stats slot"
+        + (", k scale block of the row" if spec.fp8 else "")
         + (f", e empty row (batch row {live_batch - empty_rows} + e)" if empty_rows else ""),
     )
 
@@ -266,6 +285,20 @@ def _max_sum_sentence(spec: DcpSpec, D: int, bmap: ByteMap, facts: Mapping[str, 
     max_slot = ", ".join(str(slot) for slot in facts["max_slots"])
     sum_slot = ", ".join(str(slot) for slot in facts["sum_slots"])
     return f"Stats (max, sum): slot {max_slot} (max) and slot {sum_slot} (sum) of {slots} float32 words per entry of {stats.name}."
+
+
+def _scale_sentence(spec: DcpSpec, D: int, bmap: ByteMap) -> str:
+    """Where an fp8 spec keeps its block scales."""
+    block = spec.scale_block_of(D)
+    blocks = scale_blocks(spec, D)
+    head = (
+        f"Payload: {spec.payload.dtype.value} codes, one float32 scale per block of {block} elements "
+        f"({blocks} per row; code x scale is the value)"
+    )
+    if spec.row_tail:
+        start = D + 4 * spec.stats.words
+        return f"{head}, at bytes {start}..{start + 4 * blocks - 1} of every payload row (after the stats)."
+    return f"{head}, in {bmap.buffer('scales').describe()}."
 
 
 def summary(spec: DcpSpec, values: Mapping[str, int], bmap: ByteMap, found: Facts) -> str:
@@ -329,11 +362,14 @@ def summary(spec: DcpSpec, values: Mapping[str, int], bmap: ByteMap, found: Fact
         sentences.append(
             f"LSE: slot {where} of {stats.extents[stats.axes.index('slot')]} float32 word(s) per entry of {stats.name}."
         )
+    if spec.fp8:
+        sentences.append(_scale_sentence(spec, D, bmap))
     E = values["E"]
     if E:
         written = "max -inf and sum 0" if spec.max_sum else "LSE -inf"
+        zero = "zero codes with scale 1" if spec.fp8 else "+0.0"
         sentences.append(
-            f"Rows b >= {B - E} belong to empty requests (pack's empty=): pack writes their payload as +0.0 and "
+            f"Rows b >= {B - E} belong to empty requests (pack's empty=): pack writes their payload as {zero} and "
             f"their {written}, the same bytes as any live row."
         )
     sentences.append(

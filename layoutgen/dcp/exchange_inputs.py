@@ -1,0 +1,87 @@
+"""The argument checks of a `DcpExchange` call (`layoutgen.dcp.distributed`): once per shape, stride, dtype
+and device of the inputs; every error names the argument, what was expected and what was given."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"shape {list(tensor.shape)}, {tensor.dtype} on {tensor.device}"
+
+
+def check_call_inputs(exchange: Any, out: Any, lse: Any, empty: Any, max_sum: Any) -> tuple[int, tuple[int, ...]]:
+    """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
+    try:
+        stats = [lse] if max_sum is None else list(max_sum)
+        key = (
+            out.shape,
+            out.stride(),
+            out.dtype,
+            out.device,
+            *((t.shape, t.stride(), t.dtype, t.device) for t in stats),
+            None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device),
+            max_sum is None,
+        )
+    except (AttributeError, TypeError):
+        key = None
+    if key is not None and key in exchange._checked_inputs:
+        return math.prod(out.shape[:-2]), tuple(out.shape[:-2])
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor [B, H={exchange.H}, D={exchange.D}], got {type(out).__name__}")
+    if out.dim() not in (3, 4) or out.shape[-2] != exchange.H or out.shape[-1] != exchange.D:
+        raise ValueError(
+            f"out must have shape [B, H={exchange.H}, D={exchange.D}] or [R, T, H={exchange.H}, D={exchange.D}]; got {_describe(out)}"
+        )
+    lead = tuple(out.shape[:-2])
+    batch = math.prod(lead)
+    if batch > exchange.B_max:
+        raise ValueError(
+            f"out has B={batch} rows{'' if len(lead) == 1 else f' ({lead[0]} x {lead[1]})'} but this DcpExchange "
+            f"was built for B_max={exchange.B_max}; build it with a larger B_max"
+        )
+    if out.dtype != exchange.dtype:
+        raise TypeError(
+            f"out must be {exchange.dtype} (the dtype this DcpExchange was built for); got {_describe(out)}"
+        )
+    if out.device != exchange.device:
+        raise ValueError(
+            f"out must be on {exchange.device} (the device this DcpExchange was built for); got {_describe(out)}"
+        )
+    if (lse is None) == (max_sum is None):
+        raise TypeError("pass exactly one of lse and max_sum=(max, sum)")
+    if max_sum is not None and (not isinstance(max_sum, tuple | list) or len(max_sum) != 2):
+        raise TypeError(f"max_sum must be a (max, sum) pair of float32 tensors; got {type(max_sum).__name__}")
+    if max_sum is not None and exchange.lse_base == "2" and not exchange.spec.max_sum:
+        raise ValueError(
+            f"spec '{exchange.spec.name}' keeps LSEs, and pack turns (max, sum) into max + ln(sum) (natural log): "
+            "with lse_base '2' pass lse (or use a max_sum spec, whose combine works in base 2)"
+        )
+    names = ("lse",) if max_sum is None else ("max_sum[0] (max)", "max_sum[1] (sum)")
+    want = f"[B={lead[0]}, H={exchange.H}]" if len(lead) == 1 else f"[R={lead[0]}, T={lead[1]}, H={exchange.H}]"
+    for label, tensor in zip(names, [lse] if max_sum is None else list(max_sum), strict=True):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{label} must be a float32 torch.Tensor {want}, got {type(tensor).__name__}")
+        if tuple(tensor.shape) != (*lead, exchange.H):
+            raise ValueError(f"{label} must have shape {want}; got {_describe(tensor)}")
+        if tensor.dtype != torch.float32:
+            raise TypeError(f"{label} must be float32; got {_describe(tensor)}")
+        if tensor.device != exchange.device:
+            raise ValueError(
+                f"{label} must be on {exchange.device} (the device this DcpExchange was built for); got {_describe(tensor)}"
+            )
+    if empty is not None and (
+        not isinstance(empty, torch.Tensor) or empty.dtype != torch.bool or tuple(empty.shape) != lead[:1]
+    ):
+        got = _describe(empty) if isinstance(empty, torch.Tensor) else type(empty).__name__
+        raise ValueError(f"empty must be None or a torch.bool tensor [R={lead[0]}] (one flag per request); got {got}")
+    if empty is not None and empty.device != exchange.device:
+        raise ValueError(
+            f"empty must be on {exchange.device} (the device this DcpExchange was built for); got {_describe(empty)}"
+        )
+    if key is not None:
+        exchange._checked_inputs.add(key)
+    return int(batch), lead

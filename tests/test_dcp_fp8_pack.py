@@ -1,0 +1,325 @@
+"""fp8 pack (issue 22): the codes and the float32 block scales, byte for byte.
+
+Every case packs into canary-filled buffers and checks the generated kernel against
+`layoutgen.dcp.reference.pack`, and the reference against the bytes built here from the schema text alone
+(docs/design.md §3 and `layoutgen.dcp.spec`'s fp8 paragraph: a row tail holds the codes, the stats words,
+then one float32 scale per block; separate stats put the scales in a `scales` buffer of their own axes),
+with `layoutgen.dcp.quant.quantise` as the quantiser (itself checked against the rule in
+tests/test_dcp_fp8_quant.py).  Specs: the bundled pynccl_a2a_fp8 and vllm_a2a_fp8, and specs drawn by
+hypothesis over every fp8 field with every other field (axis orders, both placements and stats forms,
+slots, align_bytes, transports), packed with and without an empty mask, from lse and from (max, sum), on
+random rows and on awkward ones (all zero, -0.0, one huge element, subnormal only, NaN and +-inf, a block
+at FMAX, values that round to FMAX).  `-m slow` draws more specs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from conftest import CANARY, generated_module, make_spec, render_module, requires_interpreter
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layoutgen.dcp import quant, reference
+from layoutgen.dcp.config import PackConfig
+from layoutgen.dcp.layout import LSE_BYTES, LayoutBuffers, row_length, stats_words, wire_dtype
+from layoutgen.dcp.spec import PAYLOAD_AXES, SCALE_AXES, STATS_AXES, DcpSpec
+
+pytestmark = requires_interpreter
+
+LOGICAL = ("peer", "batch", "head")
+FAST = {"deadline": None, "derandomize": True, "suppress_health_check": list(HealthCheck)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The bytes from the schema text
+# ---------------------------------------------------------------------------------------------
+def to_axes(tensor: torch.Tensor, axes: tuple[str, ...], logical: tuple[str, ...]) -> torch.Tensor:
+    return tensor.permute([logical.index(axis) for axis in axes]).contiguous()
+
+
+def stored_words(
+    spec: DcpSpec, lse: torch.Tensor | None, max_sum: Any, masked: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """[B, H] float32 per stats word, as the contract says pack stores them."""
+    if spec.max_sum:
+        words = {"max": lse, "sum": torch.ones_like(lse)} if lse is not None else {"max": max_sum[0], "sum": max_sum[1]}
+        fills = {"max": -float("inf"), "sum": 0.0}
+    else:
+        words = {"lse": lse if lse is not None else reference.lse_from_max_sum(*max_sum)}
+        fills = {"lse": -float("inf")}
+    return {name: torch.where(masked[:, None], fills[name], value.float()) for name, value in words.items()}
+
+
+def expected_bytes(
+    spec: DcpSpec, out: torch.Tensor, words: dict[str, torch.Tensor], N: int, B_max: int, masked: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    B, H, D = out.shape
+    h = H // N
+    wire = wire_dtype(spec, out.dtype)
+    values = torch.where(masked[:, None, None], 0.0, out.float())
+    codes, scales = quant.quantise(values, spec.scale_block_of(D), wire)
+    blocks = scales.shape[-1]
+    payload = codes.view(torch.uint8).reshape(B, N, h, D).permute(1, 0, 2, 3)  # [peer, batch, head, dim]
+    scale_logical = scales.reshape(B, N, h, blocks).permute(1, 0, 2, 3)  # [peer, batch, head, block]
+    logical = {name: w.reshape(B, N, h).permute(1, 0, 2) for name, w in words.items()}
+    order = stats_words(spec)
+    buffers: dict[str, torch.Tensor] = {}
+    if spec.row_tail:
+        row = row_length(spec, D, 1)
+        rows = torch.full((N, B_max, h, row), CANARY, dtype=torch.uint8)
+        tail = [logical[name].contiguous().unsqueeze(-1).view(torch.uint8) for name in order]
+        scale_bytes = scale_logical.contiguous().view(torch.uint8)
+        used = D + LSE_BYTES * len(order) + 4 * blocks
+        rows[:, :B, :, :used] = torch.cat([payload, *tail, scale_bytes], dim=-1)
+        buffers["payload"] = to_axes(rows, spec.payload.axes, PAYLOAD_AXES)
+    else:
+        data = torch.full((N, B_max, h, D), CANARY, dtype=torch.uint8)
+        data[:, :B] = payload
+        buffers["payload"] = to_axes(data, spec.payload.axes, PAYLOAD_AXES)
+        assert spec.stats.axes is not None and spec.stats.slots is not None
+        slots = (spec.stats.max_slot, spec.stats.sum_slot) if spec.max_sum else (spec.stats.slot,)
+        stats = torch.zeros((N, B_max, h, spec.stats.slots))
+        stats.view(torch.uint8).fill_(CANARY)
+        for slot, name in zip(slots, order, strict=True):
+            stats[:, :B, :, slot] = logical[name]
+        buffers["stats"] = to_axes(stats, spec.stats.axes, STATS_AXES)
+        table = torch.zeros((N, B_max, h, blocks))
+        table.view(torch.uint8).fill_(CANARY)
+        table[:, :B] = scale_logical
+        buffers["scales"] = to_axes(table, spec.payload.scale_axes or SCALE_AXES, SCALE_AXES)
+    return {name: tensor.reshape(-1).view(torch.uint8) for name, tensor in buffers.items()}
+
+
+def flat(bufs: LayoutBuffers) -> dict[str, torch.Tensor]:
+    return {name: tensor.reshape(-1).view(torch.uint8) for name, tensor in bufs.tensors.items()}
+
+
+def filled(bufs: LayoutBuffers) -> LayoutBuffers:
+    for tensor in bufs.tensors.values():
+        tensor.view(torch.uint8).fill_(CANARY)
+    return bufs
+
+
+def assert_bytes(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str) -> None:
+    assert set(got) == set(want), label
+    for name, tensor in got.items():
+        if not torch.equal(tensor, want[name]):
+            differ = (tensor != want[name]).nonzero().flatten()
+            raise AssertionError(
+                f"{label}: {name}: {differ.numel()} of {tensor.numel()} bytes differ, first at {int(differ[0])} "
+                f"(got {int(tensor[differ[0]])}, want {int(want[name][differ[0]])})"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+def awkward_out(spec: DcpSpec, B: int, H: int, D: int, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """Random rows (spread over magnitudes), then each awkward row the rule singles out."""
+    out = torch.randn(B, H, D, generator=generator) * torch.exp2(torch.randint(-6, 6, (B, H, 1), generator=generator))
+    fmax = spec.fp8_max if dtype is not torch.float16 else 448.0
+    rows = [
+        torch.zeros(D),
+        torch.full((D,), -0.0),
+        torch.cat(
+            [torch.tensor([3e38 if dtype is not torch.float16 else 6e4]), torch.randn(D - 1, generator=generator)]
+        ),
+        torch.rand(D, generator=generator) * (1e-39 if dtype is not torch.float16 else 1e-7),
+        torch.cat([torch.tensor([float("nan"), float("inf"), -float("inf")]), torch.randn(D - 3, generator=generator)]),
+        torch.cat([torch.tensor([fmax]), torch.rand(D - 1, generator=generator) * fmax]),
+        torch.linspace(-fmax, fmax, D) * (1 + 2**-9),
+    ]
+    for index, row in enumerate(rows):
+        out[index % B, (index // B) % H] = row
+    return out.to(dtype)
+
+
+def pack_case(
+    module: Any, N: int, B: int, h: int, D: int, dtype: torch.dtype, generator: torch.Generator, form: str, mask: str,
+    config: Any = None,
+) -> None:  # fmt: skip
+    """One pack, kernel against the reference and against the schema text."""
+    spec = module.SPEC
+    H = N * h
+    out = awkward_out(spec, B, H, D, dtype, generator)
+    stats = torch.randn(B, H, generator=generator) * 4
+    sums = 1 + 8 * torch.rand(B, H, generator=generator)
+    empty = {"none": None, "some": torch.rand(B, generator=generator) < 0.4, "all": torch.ones(B, dtype=torch.bool)}[
+        mask
+    ]
+    masked = torch.zeros(B, dtype=torch.bool) if empty is None else empty
+    B_max = B + 1
+    ours = filled(module.alloc(N, B_max, H, D, dtype))
+    theirs = filled(LayoutBuffers.allocate(spec, N, B_max, H, D, dtype))
+    if form == "lse":
+        module.pack(out, stats, ours, empty=empty, config=config)
+        reference.pack(out, stats, theirs, empty=empty)
+        words = stored_words(spec, stats, None, masked)
+    else:
+        module.pack(out, bufs=ours, max_sum=(stats, sums), empty=empty, config=config)
+        reference.pack(out, None, theirs, max_sum=(stats, sums), empty=empty)
+        words = stored_words(spec, None, (stats, sums), masked)
+    label = f"{spec.name} N={N} B={B} h={h} D={D} {dtype} {form} mask={mask} {config}"
+    assert_bytes(flat(ours), flat(theirs), label + " (kernel vs reference)")
+    assert_bytes(flat(theirs), expected_bytes(spec, out, words, N, B_max, masked), label + " (reference vs text)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bundled specs
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a_fp8", "vllm_a2a_fp8"])
+def test_bundled_fp8_packs_are_byte_exact(spec_name: str, dtype: torch.dtype, generator: torch.Generator) -> None:
+    module = generated_module(spec_name)
+    for N, B, h, D, form, mask in (
+        (2, 3, 3, 24, "lse", "none"),
+        (4, 8, 2, 16, "max_sum", "some"),
+        (1, 1, 1, 12, "lse", "all"),
+    ):
+        pack_case(module, N, B, h, D, dtype, generator, form, mask)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        PackConfig(block_peer=1, block_batch=1, block_head=1, block_dim=32, num_warps=1),
+        PackConfig(block_peer=2, block_batch=2, block_head=2, block_dim=64, num_warps=2),
+        PackConfig(block_peer=4, block_batch=4, block_head=1, block_dim=32, num_warps=4),
+    ],
+    ids=lambda c: f"{c.block_peer}x{c.block_batch}x{c.block_head}x{c.block_dim}",
+)
+def test_fp8_pack_tiles_of_several_blocks(
+    config: PackConfig, generator: torch.Generator, tmp_path_factory: Any
+) -> None:
+    """Tiles holding one scale block, several, and blocks of a row split over dim programs."""
+    spec = make_spec(
+        name="tiles_fp8",
+        transport="all_to_all_single",
+        payload={"axes": ["peer", "batch", "head", "dim"], "dtype": "float8_e4m3fn", "scale_block": 16},
+        stats={"placement": "row_tail"},
+        align_bytes=16,
+    )
+    module = render_module(spec, tmp_path_factory.mktemp("tiles"))
+    pack_case(module, 4, 5, 3, 96, torch.bfloat16, generator, "lse", "some", config)
+
+
+def test_a_tile_that_splits_a_scale_block_is_refused(generator: torch.Generator) -> None:
+    module = generated_module("pynccl_a2a_fp8")  # one scale per row: D = 64 needs block_dim >= 64
+    bufs = module.alloc(2, 2, 4, 64, torch.bfloat16)
+    out, lse = torch.randn(2, 4, 64).to(torch.bfloat16), torch.randn(2, 4)
+    config = PackConfig(block_peer=1, block_batch=1, block_head=1, block_dim=32)
+    with pytest.raises(ValueError, match=r"block_dim=32 splits the scale blocks.*use block_dim >= 64"):
+        module.pack(out, lse, bufs, config=config)
+    with pytest.raises(ValueError, match=r"use block_dim >= 64"):
+        module._launch_pack(out, lse, bufs, 2, config, False)
+    module.pack(out, lse, bufs)  # the default config covers whole blocks
+
+
+def test_d_must_be_a_multiple_of_the_scale_block(tmp_path_factory: Any) -> None:
+    spec = make_spec(
+        name="blocks_fp8",
+        transport="all_to_all_single",
+        payload={"axes": ["peer", "batch", "head", "dim"], "dtype": "float8_e5m2", "scale_block": 32},
+        stats={"placement": "separate", "axes": ["peer", "batch", "head", "slot"]},
+    )
+    with pytest.raises(ValueError, match=r"scale_block=32 .* must divide D; got D=48"):
+        LayoutBuffers.allocate(spec, 2, 2, 4, 48, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Any valid fp8 spec
+# ---------------------------------------------------------------------------------------------
+@st.composite
+def fp8_spec_data(draw: Any) -> dict[str, Any]:
+    transport = draw(st.sampled_from(["all_to_all_single", "external"]))
+    row_tail = draw(st.booleans())
+    form = draw(st.sampled_from([None, "lse", "max_sum"]))
+    axes = list(draw(st.permutations(PAYLOAD_AXES)))
+    if transport == "all_to_all_single":
+        axes = ["peer", *[a for a in axes if a != "peer"]]
+    if row_tail:
+        axes = [*[a for a in axes if a != "dim"], "dim"]
+    payload: dict[str, Any] = {"axes": axes, "dtype": draw(st.sampled_from(["float8_e4m3fn", "float8_e5m2"]))}
+    block = draw(st.sampled_from([None, 16, 32]))
+    if block is not None:
+        payload["scale_block"] = block
+    data: dict[str, Any] = {"name": "drawn_fp8", "transport": transport, "payload": payload}
+    if row_tail:
+        data["stats"] = {"placement": "row_tail", **({"form": form} if form else {})}
+        align = draw(st.sampled_from([None, 4, 16, 64]))
+        if align is not None:
+            data["align_bytes"] = align
+        return data
+    stats_axes = list(draw(st.permutations(STATS_AXES)))
+    scale_axes = list(draw(st.permutations(SCALE_AXES)))
+    if transport == "all_to_all_single":
+        stats_axes = ["peer", *[a for a in stats_axes if a != "peer"]]
+        scale_axes = ["peer", *[a for a in scale_axes if a != "peer"]]
+    if draw(st.booleans()):
+        payload["scale_axes"] = scale_axes
+    stats: dict[str, Any] = {"placement": "separate", "axes": stats_axes, **({"form": form} if form else {})}
+    if form == "max_sum":
+        slots = draw(st.integers(2, 3))
+        max_slot, sum_slot = draw(st.permutations(range(slots)))[:2]
+        stats.update(slots=slots, max_slot=max_slot, sum_slot=sum_slot)
+    else:
+        slots = draw(st.integers(1, 2))
+        stats.update(slots=slots, slot=draw(st.integers(0, slots - 1)))
+    data["stats"] = stats
+    return data
+
+
+@st.composite
+def fp8_problems(draw: Any) -> dict[str, Any]:
+    spec = draw(fp8_spec_data())
+    block = spec["payload"].get("scale_block")
+    return {
+        "spec": spec,
+        "dtype": draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32])),
+        "N": draw(st.integers(1, 3)),
+        "B": draw(st.integers(1, 4)),
+        "h": draw(st.integers(1, 3)),
+        "D": (block or 8) * draw(st.integers(1, 3)) if block else draw(st.sampled_from([8, 12, 20])),
+        "form": draw(st.sampled_from(["lse", "max_sum"])),
+        "mask": draw(st.sampled_from(["none", "some", "all"])),
+        "seed": draw(st.integers(0, 2**31 - 1)),
+    }
+
+
+def check_problem(problem: dict[str, Any], directory: Any) -> None:
+    module = render_module(make_spec(**problem["spec"]), directory)
+    generator = torch.Generator().manual_seed(problem["seed"])
+    pack_case(
+        module, problem["N"], problem["B"], problem["h"], problem["D"], problem["dtype"], generator,
+        problem["form"], problem["mask"],
+    )  # fmt: skip
+
+
+@settings(max_examples=8, **FAST)
+@given(problem=fp8_problems())
+def test_any_valid_fp8_spec_packs_exactly(problem: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    check_problem(problem, tmp_path_factory.mktemp("drawn_fp8"))
+
+
+@pytest.mark.slow
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(problem=fp8_problems())
+def test_any_valid_fp8_spec_long_run(problem: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    check_problem(problem, tmp_path_factory.mktemp("drawn_fp8"))
+
+
+def test_drawn_fp8_specs_are_valid_and_cover_the_forms() -> None:
+    seen: set[tuple[Any, ...]] = set()
+
+    @settings(max_examples=300, **FAST)
+    @given(data=fp8_spec_data())
+    def collect(data: dict[str, Any]) -> None:
+        spec = make_spec(**data)
+        seen.add((spec.row_tail, spec.max_sum, spec.payload.dtype.value, spec.payload.scale_block is None))
+
+    collect()
+    assert {(tail, pair) for tail, pair, *_ in seen} == {(True, True), (True, False), (False, True), (False, False)}
+    assert {dtype for _, _, dtype, _ in seen} == {"float8_e4m3fn", "float8_e5m2"}
