@@ -15,8 +15,8 @@ import torch
 from conftest import assert_same_bytes, fill_bytes, generated_module, requires_interpreter
 
 from layoutgen.dcp.config import CombineConfig, PackConfig
-from layoutgen.dcp.plans import config_values
 from layoutgen.dcp.layout import LayoutBuffers
+from layoutgen.dcp.plans import config_values
 from layoutgen.runtime import reset_caches
 
 pytestmark = [requires_interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
