@@ -379,6 +379,7 @@ def main() -> int:
     parser.add_argument("--db", type=Path, default=REPO / "tuning_db", help="tuning database directory")
     parser.add_argument("--quick", action="store_true", help="fewer batch sizes")
     parser.add_argument("--interpret", action="store_true", help="CPU smoke run under the Triton interpreter")
+    parser.add_argument("--no-fp8", action="store_true", help="leave out the fp8 comparisons")
     args = parser.parse_args()
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -408,7 +409,7 @@ def main() -> int:
     fp8_points_combine = [(N, B, H, D) for N, B, H, D in points if N == 8 and B >= 64] or points[-1:]
     results["fp8"] = [
         fp8_pair(bench, name, base, kernel, *point)
-        for name, base in fp8_specs().items()
+        for name, base in ({} if args.no_fp8 else fp8_specs()).items()
         for kernel, kernel_points in (("pack", fp8_points_pack), ("combine", fp8_points_combine))
         for point in kernel_points
     ]

@@ -292,8 +292,9 @@ def test_cli_db_check_and_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_committed_h200_database_is_current_and_dispatch_picks_its_configs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every one of the H200 file's entries is current for today's specs, kernels, spaces and timing procedure,
-    and dispatch on that device (torch 2.11, triton 3.6, as the file records) chooses exactly its config."""
+    """Every one of the H200 file's entries is current for today's specs, kernels, spaces and timing procedure
+    (`layoutgen db prune` keeps it so), and dispatch on that device (torch 2.11, triton 3.6, as the file
+    records) chooses exactly its config."""
     import warnings
 
     import torch
@@ -307,7 +308,7 @@ def test_the_committed_h200_database_is_current_and_dispatch_picks_its_configs(m
 
     path = configs.packaged_database_dir() / "NVIDIA_H200.json"
     database = read_database(path)
-    assert len(database.entries) == 936
+    assert database.entries  # what the last H200 session tuned (README, "Tuning")
     monkeypatch.delenv("LAYOUTGEN_TUNING_DB", raising=False)
     monkeypatch.setattr(configs, "device_name", lambda device: "NVIDIA H200")
     monkeypatch.setattr(tuning_db, "entry_versions", lambda: {"triton": "3.6", "torch": "2.11"})
