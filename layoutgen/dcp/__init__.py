@@ -10,6 +10,7 @@ shared machinery calls.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, ClassVar
@@ -138,7 +139,14 @@ class DcpFamily(Family):
         N, heads_per_peer, D, elem, wire = self._sizes(problem)
         extents = {"peer": N, "batch": bucket, "head": heads_per_peer, "dim": D}
         if problem.kernel == "pack":
-            return SpaceExtents(extents, problem.spec.payload.axes[-1], wire, 1)
+            found = SpaceExtents(extents, problem.spec.payload.axes[-1], wire, 1)
+            if problem.spec.fp8 and "floors" in SpaceExtents.__dataclass_fields__:
+                # An fp8 pack's dim block covers whole scale blocks (the launcher refuses less).  Until the shared
+                # space knows per-problem floors, the tuner tries such configs and records them as failed launches.
+                from layoutgen.dcp.config import fp8_min_block_dim
+
+                found = dataclasses.replace(found, floors={"dim": fp8_min_block_dim(problem.spec, D)})  # type: ignore[call-arg]
+            return found
         return SpaceExtents(extents, "dim", elem, N)  # each output element loads N partials
 
     def compile_variant(self, module: ModuleType, job: Mapping[str, Any], kernel_proxy: Any) -> None:

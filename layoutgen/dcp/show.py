@@ -172,6 +172,10 @@ def elements_phrase(spec: DcpSpec, counts: Mapping[str, int], live_batch: int) -
     """What a diff counted, e.g. "64 payload elements and 4 LSE words of the first B=2 rows"."""
     payload = counts["payload"] + counts.get("empty", 0)
     words = f"{counts['max']} max and {counts['sum']} sum words" if spec.max_sum else f"{counts['lse']} LSE words"
+    if "scale" in counts:
+        return (
+            f"{payload} payload elements, {words} and {counts['scale']} block scales of the first B={live_batch} rows"
+        )
     return f"{payload} payload elements and {words} of the first B={live_batch} rows"
 
 
