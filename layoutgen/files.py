@@ -1,4 +1,5 @@
-"""The one way layoutgen reads a file: regular files only, never more than a stated number of bytes.
+"""The one way layoutgen reads a file (regular files only, never more than a stated number of bytes) and
+the one way it replaces one (atomically, `replace_atomically`).
 
 Specs, existing generated modules and tuning databases are read through `read_bounded`.  A FIFO, a
 device (a symlink to /dev/zero), a directory or a socket is refused without being read (the file is
@@ -9,9 +10,11 @@ study journal) is checked first with `check_regular_file`, by the same rules, wi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 
@@ -122,3 +125,39 @@ def read_text_bounded(path: str | Path, limit: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise FileRefused(Path(path), f"is not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def replace_atomically(path: Path, content: str | bytes, mode: int | None = None) -> None:
+    """Replace `path` (a regular file or nothing) with `content` (bytes, or text written as UTF-8 with no
+    newline translation) through a synced temporary file in its directory: a reader sees the old file or the
+    new one, never a part.
+
+    The new file gets `mode`, or else the replaced file's mode and, where this process may, its owner (a
+    shared database stays readable by its other users), or else what the umask allows.
+    """
+    try:
+        previous: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        previous = None
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(content.encode("utf-8") if isinstance(content, str) else content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is not None:
+            os.chmod(temporary, mode)
+        elif previous is not None:
+            os.chmod(temporary, stat.S_IMODE(previous.st_mode))
+            if hasattr(os, "chown") and (previous.st_uid, previous.st_gid) != (os.getuid(), os.getgid()):
+                with contextlib.suppress(PermissionError):  # only root may give a file away
+                    os.chown(temporary, previous.st_uid, previous.st_gid)
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise

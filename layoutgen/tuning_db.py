@@ -19,12 +19,9 @@ Nothing here touches CUDA at import; `current_device()` does on call.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import stat
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -35,7 +32,7 @@ from typing import Any
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from layoutgen.files import FileRefused, read_bounded
+from layoutgen.files import FileRefused, read_bounded, replace_atomically
 
 SCHEMA_VERSION = 2
 #: Where `layoutgen tune --interpret` records its (meaningless for speed) timings; GPU dispatch never reads it.
@@ -345,35 +342,6 @@ def merge_entries(old: dict[str, TuningEntry], new: Iterable[TuningEntry]) -> di
     return dict(sorted(merged.items()))
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace `path` (a regular file or nothing) with `text`; the new file takes the old one's mode and,
-    where this process may, its owner, so a shared database stays readable by its other users."""
-    try:
-        previous: os.stat_result | None = os.stat(path)
-    except FileNotFoundError:
-        previous = None
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if previous is not None:
-            os.chmod(temporary, stat.S_IMODE(previous.st_mode))
-            if hasattr(os, "chown") and (previous.st_uid, previous.st_gid) != (os.getuid(), os.getgid()):
-                with contextlib.suppress(PermissionError):  # only root may give a file away
-                    os.chown(temporary, previous.st_uid, previous.st_gid)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-
-
 def lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".lock")
 
@@ -424,7 +392,7 @@ def record(
             versions=dict(versions) if versions is not None else software_versions(),
             entries=merge_entries(old_entries, entries),
         )
-        _write_atomically(path, database.to_json())
+        replace_atomically(path, database.to_json())
     return path
 
 
@@ -436,7 +404,7 @@ def remove(path: Path, names: Iterable[str]) -> int:
         doomed = set(names) & set(database.entries)
         if doomed:
             database.entries = {name: entry for name, entry in database.entries.items() if name not in doomed}
-            _write_atomically(path, database.to_json())
+            replace_atomically(path, database.to_json())
     return len(doomed)
 
 

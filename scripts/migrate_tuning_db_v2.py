@@ -38,7 +38,7 @@ from typing import Any
 from layoutgen.codegen import render_kernels
 from layoutgen.dcp import FAMILY
 from layoutgen.family import content_hash
-from layoutgen.files import FileRefused, read_bounded
+from layoutgen.files import FileRefused, read_bounded, replace_atomically
 from layoutgen.spec import bundled_specs
 from layoutgen.tuning.procedure import space_hash, timing_hash
 from layoutgen.tuning_db import (
@@ -47,7 +47,6 @@ from layoutgen.tuning_db import (
     TuningDatabase,
     TuningEntry,
     TuningKey,
-    _write_atomically,
     major_minor,
 )
 
@@ -141,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.file}: {len(database.entries)} entries converted to schema {SCHEMA_VERSION} ({summary})")
     if not args.check:
         target = args.out or args.file
-        _write_atomically(target, database.to_json())
+        replace_atomically(target, database.to_json())
         print(f"wrote {target}")
     return 0
 

@@ -21,6 +21,8 @@ BUNDLED = (
     "trtllm_helix_nccl",
     "trtllm_helix_native_v1",
     "trtllm_helix_native_v2",
+    "pynccl_a2a_fp8",
+    "vllm_a2a_fp8",
 )
 #: Odd heads per peer, D not a power of two, padding that is not the LSE's own width.
 AWKWARD_SHAPE = ["--N", "2", "--batch", "1", "--heads", "6", "--D", "10", "--dtype", "float16"]
@@ -49,6 +51,8 @@ CASES: dict[str, list[str]] = {
     "diff_pynccl_a2a_flashinfer_mnnvl.json": ["diff", "pynccl_a2a", "flashinfer_mnnvl", "--json"],
     "show_pynccl_a2a_empty_row.txt": ["show", "pynccl_a2a", *EMPTY_ROW],
     "show_trtllm_helix_native_v2_empty_row.txt": ["show", "trtllm_helix_native_v2", *EMPTY_ROW],
+    "show_pynccl_a2a_fp8_empty_row.txt": ["show", "pynccl_a2a_fp8", *EMPTY_ROW],
+    "diff_pynccl_a2a_fp8_vllm_a2a_fp8.txt": ["diff", "pynccl_a2a_fp8", "vllm_a2a_fp8"],
 }
 
 #: Plain output whatever the caller's terminal settings: no colour, the CLI's fixed width.

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 from conftest import generated_module, make_spec, render_module, requires_interpreter
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from layoutgen.dcp import quant
 
@@ -112,6 +113,32 @@ def test_quantise_corners(dtype: torch.dtype, generator: torch.Generator) -> Non
     back = quant.dequantise(codes, scales)
     assert bool(back[4, :3].isnan().all()), "non-finite input is carried to the output as NaN"
     assert bool(back[3].isfinite().all()) and float(back[3].abs().max()) <= 1e-39
+
+
+class _Divisions(TorchDispatchMode):
+    """Records the divisor of every aten division run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.divisors: list[object] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func.overloadpacket in (torch.ops.aten.div, torch.ops.aten.div_):
+            self.divisors.append(args[1])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", list(FP8))
+def test_quantise_never_divides_by_a_scalar(dtype: torch.dtype, generator: torch.Generator) -> None:
+    """CUDA torch turns `tensor / scalar` (a number or a 0-dim CPU tensor) into a multiply by the reciprocal, up
+    to one bit off the IEEE quotient the kernels compute; the tuner's gate runs this reference on the GPU, so
+    every division here must be tensor by tensor (the H200 gate failures of 2026-12-01)."""
+    blocks = awkward_blocks(dtype, 16, generator)
+    with _Divisions() as divisions:
+        quant.quantise(blocks, 16, dtype)
+    assert len(divisions.divisors) == 2, "the scale and the quotient"
+    for divisor in divisions.divisors:
+        assert isinstance(divisor, torch.Tensor) and divisor.dim() > 0, f"a scalar divisor: {divisor!r}"
 
 
 def test_dequantise_is_exact() -> None:

@@ -1151,13 +1151,6 @@ def test_combine_writes_an_out_in_its_own_allocation(generator: torch.Generator,
 
 
 @requires_interpreter
-@pytest.mark.xfail(
-    strict=True,
-    reason="layoutgen/dcp/dispatch.py checks overlap only when it builds a plan; the plan key holds out's shape, "
-    "strides, dtype and device, not its address, so a later out of the same geometry over the buffers hits the "
-    "cached plan unchecked; fix: keep the buffers' byte spans and out's span length in the plan and compare "
-    "out.data_ptr() against them on the cached path (two int comparisons per buffer)",
-)
 def test_combine_refuses_an_overlapping_out_after_a_separate_one_of_the_same_geometry(
     generator: torch.Generator, no_log_warnings: None
 ) -> None:

@@ -557,12 +557,12 @@ def top_level_shape(source: str) -> list[tuple[str, ...]]:
     return shape
 
 
-def expected_shape(transport: str) -> list[tuple[str, ...]]:
-    """The top-level statements of the bundled modules with this transport (they all agree)."""
+def expected_shape(transport: str, fp8: bool = False) -> list[tuple[str, ...]]:
+    """The top-level statements of the bundled modules with this transport and wire kind (they all agree)."""
     shapes = {
         name: top_level_shape((generated_dir() / f"{name}.py").read_text(encoding="utf-8"))
         for name, spec in BUNDLED.items()
-        if spec.transport.value == transport
+        if spec.transport.value == transport and spec.fp8 == fp8
     }
     first = next(iter(shapes.values()))
     assert all(shape == first for shape in shapes.values()), "bundled modules disagree on their top level"
@@ -653,7 +653,7 @@ def check_rendered(data: dict[str, Any], directory: Path, monkeypatch: pytest.Mo
     """Render `data`; the module has the bundled top level, imports quietly, and (if `pack`) packs exactly."""
     spec = parse_spec(data, source="fuzz")
     source = codegen.render(spec, "fuzz.yaml")
-    assert top_level_shape(source) == expected_shape(spec.transport.value)
+    assert top_level_shape(source) == expected_shape(spec.transport.value, spec.fp8)
     plain = codegen.render(spec.model_copy(update={"summary": "plain"}), "fuzz.yaml")
     assert _ast_without_summary(source) == _ast_without_summary(plain), "the summary changed code"
     path = directory / f"{spec.name}.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layoutgen.dcp import reference
+from layoutgen.dcp import quant, reference
 from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.dcp.spec import DcpSpec
 from layoutgen.show import (
@@ -72,6 +72,21 @@ transport: external
 payload: {axes: [head, batch, peer, dim], dtype: input}
 stats: {placement: separate, axes: [peer, slot, batch, head], slots: 3, slot: 2}
 """,
+    "fp8_blocks_in_tail": """
+name: fp8_blocks_in_tail
+summary: e5m2 codes with a scale per 16 elements after the (max, sum) words in the row tail
+transport: all_to_all_single
+payload: {axes: [peer, batch, head, dim], dtype: float8_e5m2, scale_block: 16}
+stats: {placement: row_tail, form: max_sum}
+align_bytes: 8
+""",
+    "fp8_scales_outer": """
+name: fp8_scales_outer
+summary: e4m3fn codes, batch innermost, scales buffer with the block axis outside the heads
+transport: external
+payload: {axes: [peer, head, dim, batch], dtype: float8_e4m3fn, scale_axes: [block, peer, head, batch]}
+stats: {placement: separate, axes: [peer, batch, head, slot], slots: 1, slot: 0}
+""",
 }
 
 
@@ -127,10 +142,14 @@ def _check_against_reference(bmap: ByteMap, spec: DcpSpec, shape: dict[str, int]
     reference.pack(out, lse, bufs)
     h = H // N
     wire = bufs.tensors["payload"].dtype
-    per_peer_out = out.to(wire).reshape(B, N, h, D).permute(1, 0, 2, 3)  # [peer, batch, head, d]
+    per_peer = out.reshape(B, N, h, D).permute(1, 0, 2, 3)  # [peer, batch, head, d]
+    if spec.fp8:  # codes and block scales: the quantisation rule is tested on its own (test_dcp_fp8_quant.py)
+        per_peer_out, per_peer_scale = quant.quantise(per_peer.to(torch.float32), spec.scale_block_of(D), wire)
+    else:
+        per_peer_out = per_peer.to(wire)
     per_peer_lse = lse.reshape(B, N, h).permute(1, 0, 2)  # [peer, batch, head]
     covered = {name: 0 for name in bufs.tensors}
-    counts = {"payload": 0, "lse": 0}
+    counts = {"payload": 0, "lse": 0, "scale": 0}
     for run in sorted(bmap.runs, key=lambda r: (r.buffer, r.offset)):
         assert run.offset == covered[run.buffer], f"runs of {run.buffer} leave a gap or overlap at {run.offset}"
         covered[run.buffer] += run.length
@@ -146,6 +165,10 @@ def _check_against_reference(bmap: ByteMap, spec: DcpSpec, shape: dict[str, int]
             assert dim is not None
             want = per_peer_out[(*index, slice(*dim))]
             counts["payload"] += want.numel()
+        elif run.kind == "scale":  # a scales buffer names the block; a row tail holds all of the row's, in order
+            block = run.range("block") or (0, D // spec.scale_block_of(D))
+            want = per_peer_scale[(*index, slice(*block))]
+            counts["scale"] += want.numel()
         elif run.kind == "sum":  # a (max, sum) spec: pack from `lse=` writes max = lse, sum = 1
             want = torch.ones_like(per_peer_lse[index])
             counts["lse"] += want.numel()
@@ -157,13 +180,18 @@ def _check_against_reference(bmap: ByteMap, spec: DcpSpec, shape: dict[str, int]
         assert torch.equal(got, want_bytes), f"{spec.name}: bytes of {run} are not what the reference wrote there"
     for name, tensor in bufs.tensors.items():
         assert covered[name] == tensor.numel() * tensor.element_size(), f"runs do not cover all of {name}"
-    assert counts == {"payload": N * B * h * D, "lse": N * B * h * spec.stats.words}
+    scales = N * B * h * (D // spec.scale_block_of(D)) if spec.fp8 else 0
+    assert counts == {"payload": N * B * h * D, "lse": N * B * h * spec.stats.words, "scale": scales}
 
 
 @pytest.mark.parametrize("case", SHAPES, ids=_shape_id)
 @pytest.mark.parametrize("name", sorted(all_specs()))
 def test_byte_map_agrees_with_reference(name: str, case: tuple[dict[str, int], str]) -> None:
     spec = all_specs()[name]
+    shape, dtype = case
+    if spec.fp8:  # D a multiple of the scale block, and fp8 rows with a tail end on a float32 word: D 10 -> 12
+        multiple = max(spec.payload.scale_block or 1, 4 if spec.row_tail else 1)
+        case = ({**shape, "D": -(-shape["D"] // multiple) * multiple}, dtype)
     _check_against_reference(byte_map(spec, *case), spec, *case)
 
 

@@ -16,7 +16,7 @@ from layoutgen.dcp.config import CombineConfig, default_combine_config
 from layoutgen.dcp.plans import CombinePlan
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import plans_of
-from layoutgen.runtime.tensors import check_config, check_runnable, needs_int64
+from layoutgen.runtime.tensors import byte_span, check_config, check_runnable, needs_int64
 
 
 def combine_key(
@@ -52,6 +52,8 @@ def plan_combine(
         bufs.dtype,
         bufs.device,
         scale_value,
+        tuple(span for span in map(byte_span, bufs.tensors.values()) if span[0] < span[1]),
+        0 if out is None else byte_span(out)[1] - byte_span(out)[0],
     )
     plans_of(bufs)[combine_key(owner, B, lse_base, out, return_lse, config, scale)] = plan
     return plan

@@ -197,7 +197,7 @@ class Dispatcher:
             ]
         except (AttributeError, KeyError, TypeError):
             plan = None
-        if plan is None:  # planned outside the handler, as in pack
+        if plan is None or (out is not None and plan.may_overlap(out)):  # planned outside the handler, as in pack
             plan = combine_plan.plan_combine(self, bufs, B, lse_base, out, return_lse, config, scale)
         if out is None:
             out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
@@ -218,6 +218,6 @@ class Dispatcher:
             plan: CombinePlan | None = bufs.__dict__[_PLANS][key]
         except (AttributeError, KeyError, TypeError):
             plan = None
-        if plan is None:
+        if plan is None or (out is not None and plan.may_overlap(out)):
             plan = combine_plan.plan_combine(self, bufs, B, lse_base, out, return_lse, config, scale)
         return plan

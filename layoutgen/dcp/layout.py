@@ -14,6 +14,7 @@ elements of a row, in the row tail after the stats words (row_tail) or in a `sca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -97,7 +98,8 @@ def check_shape(spec: DcpSpec, shape: Shape) -> None:
         raise ValueError(
             f"spec '{spec.name}' stores its stats in the row tail, which needs D * element size to be a "
             f"multiple of 4 bytes; got D={shape.D} with {wire_dtype(spec, shape.dtype)} "
-            f"({shape.D * elem_size} bytes). Use an even D, or a spec with stats placement: separate"
+            f"({shape.D * elem_size} bytes). Use a D divisible by {LSE_BYTES // math.gcd(LSE_BYTES, elem_size)}, or a "
+            "spec with stats placement: separate"
         )
 
 

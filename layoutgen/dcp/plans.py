@@ -46,9 +46,20 @@ class CombinePlan:
     dtype: torch.dtype
     device: torch.device
     scale: float = 1.0
+    # The byte spans [start, end) of the buffers combine reads, and the length of a caller's `out` span (its
+    # geometry is in the plan key, its address is not): a cached call compares out.data_ptr() against them.
+    read_spans: tuple[tuple[int, int], ...] = ()
+    out_span_bytes: int = 0
     # Replays the recorded launch with a call's (*buffers, out, out_lse); None until recorded or when it can't be.
     direct: Callable[[tuple[Any, ...]], None] | None = None
     recorded: bool = False
+
+    def may_overlap(self, out: torch.Tensor) -> bool:
+        """Whether a caller's `out` of the planned geometry may share memory with the buffers (then the call is
+        validated again, which says so)."""
+        start = out.data_ptr()
+        end = start + self.out_span_bytes
+        return self.out_span_bytes > 0 and any(start < stop and first < end for first, stop in self.read_spans)
 
 
 def remember_buffers(bufs: LayoutBuffers) -> LayoutBuffers:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
+from layoutgen.files import replace_atomically
 from layoutgen.show.model import ByteMap, Look
 from layoutgen.show.text import colour_index, line_bytes
 
@@ -122,17 +121,6 @@ def write_png(bmap: ByteMap, path: Path) -> int:
         fig.savefig(image, format="png", dpi=110)
     finally:
         plt.close(fig)
-    return _write_atomically(Path(path), image.getvalue())
-
-
-def _write_atomically(path: Path, data: bytes) -> int:
-    """Written beside the target and renamed over it: a reader never sees half a picture."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        partial.write_bytes(data)
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    return path.stat().st_size
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    replace_atomically(Path(path), image.getvalue())
+    return Path(path).stat().st_size

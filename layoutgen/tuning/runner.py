@@ -3,7 +3,6 @@ then write the decisions into the tuning database and print the tables."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import subprocess
@@ -17,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from layoutgen.files import replace_atomically
 from layoutgen.signals import sigterm_interrupts
 from layoutgen.tuning.plan import TuneOptions, database_entries, decided, make_targets, study_name, target_buckets
 from layoutgen.tuning.procedure import MAX_ROTATING_SETS
@@ -217,19 +217,9 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
 
 
 def write_report(path: Path, text: str) -> None:
-    """Write the markdown report whole: into a temporary file beside it, then renamed over it."""
-    import tempfile
-
+    """Write the markdown report whole (beside it, then renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    replace_atomically(path, text)
 
 
 def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter: Any) -> tuple[int, list[str]]:
