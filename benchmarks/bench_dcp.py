@@ -348,6 +348,8 @@ def summarize(rows: list[dict[str, Any]], ceiling: float) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for spec in SPECS:
         mine = [r for r in rows if r["spec"] == spec]
+        if not mine:  # not run (--specs): no summary rather than a row of NaN
+            continue
         for kernel in ("pack", "combine"):
             ours_key = f"{kernel}_tuned_us" if any(f"{kernel}_tuned_us" in r for r in mine) else f"{kernel}_default_us"
             ratios = [

@@ -81,3 +81,29 @@ class LaunchConfig:
 
     def __str__(self) -> str:
         return json.dumps(self.as_dict(), sort_keys=True)
+
+
+def config_values(config: LaunchConfig | None) -> list[int]:
+    """A config as a custom op takes it (ops take no objects): its fields in declaration order, [] for None."""
+    return [] if config is None else config.values()
+
+
+_from_values: dict[tuple[type[LaunchConfig], tuple[int, ...]], LaunchConfig] = {}
+
+
+def config_from_values(kind: type[LaunchConfigT], values: list[int]) -> LaunchConfigT | None:
+    """The inverse of `config_values` for configs of type `kind` (validated, cached: a custom op decodes its
+    config on every call)."""
+    if not values:
+        return None
+    key = (kind, tuple(values))
+    config = _from_values.get(key)
+    if config is None:
+        names = kind.field_names()
+        if len(values) != len(names):
+            raise ValueError(
+                f"config must list the {kind.kernel} config fields {names} in order, or be []; got {values}"
+            )
+        config = kind(**dict(zip(names, values, strict=True)))
+        _from_values[key] = config
+    return config  # type: ignore[return-value]

@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import assert_same_bytes, fill_bytes, generated_module, requires_interpreter
 
+from layoutgen.config import config_values
 from layoutgen.dcp.config import CombineConfig, PackConfig
 from layoutgen.dcp.layout import LayoutBuffers
-from layoutgen.dcp.plans import config_values
 from layoutgen.runtime import reset_caches
 
 pytestmark = [requires_interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]

@@ -72,6 +72,7 @@ CLAIMED = {
         0,
     ): "test_the_family_examples_run",
     ("Sequence parallelism (Ulysses)", "python", 0): "test_the_family_examples_run",
+    ("fp8 on the wire", "python", 0): "test_the_family_examples_run",
 }
 
 
@@ -136,7 +137,12 @@ def test_readme_engine_example_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "section", ["DCP contract v2: empty rows, (max, sum) statistics, an output scale", "Sequence parallelism (Ulysses)"]
+    "section",
+    [
+        "DCP contract v2: empty rows, (max, sum) statistics, an output scale",
+        "fp8 on the wire",
+        "Sequence parallelism (Ulysses)",
+    ],
 )
 def test_the_family_examples_run(section: str, tmp_path: Path) -> None:
     code = block(section, "python")

@@ -28,7 +28,6 @@ from layoutgen.dcp.plans import (
     LaunchFunction,
     PackPlan,
     buffers_from_tensors,
-    config_values,
     fit_grid,
     remember_buffers,
 )
@@ -42,7 +41,6 @@ __all__ = [
     "Dispatcher",
     "PackPlan",
     "buffers_from_tensors",
-    "config_values",
     "dispatcher",
     "fit_grid",
     "remember_buffers",

@@ -16,42 +16,21 @@ memory pool during capture (pass `merged_out=` to write into a tensor of your ow
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from layoutgen.dcp.exchange_inputs import check_call_inputs
 from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
 from layoutgen.dcp.spec import Transport
+from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
 
 #: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the
 #: receive buffer of the same name on that peer (same layout, peer index = source rank).
 ExchangeFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], None]
 
 _LSE_BASES = ("e", "2")
-
-
-def _load_module(spec: Any) -> ModuleType:
-    if isinstance(spec, ModuleType):
-        missing = [name for name in ("SPEC", "alloc", "pack", "combine") if not hasattr(spec, name)]
-        if missing:
-            raise TypeError(
-                f"spec module {spec.__name__} is not a layoutgen generated module (it lacks {', '.join(missing)})"
-            )
-        return spec
-    if isinstance(spec, str | Path):
-        from layoutgen.loader import load
-
-        return load(spec)
-    raise TypeError(
-        "spec must be a bundled spec name, a generated module (layoutgen.load) or a path to a generated .py; "
-        f"got {type(spec).__name__}"
-    )
 
 
 def _positive_int(label: str, value: Any) -> int:
@@ -101,7 +80,7 @@ class DcpExchange:
         lse_base: str = "e",
         exchange_fn: ExchangeFn | None = None,
     ) -> None:
-        self.module = _load_module(spec)
+        self.module = generated_module(spec, "dcp", ("alloc", "pack", "combine"), "DcpExchange")
         self.spec = self.module.SPEC
         if exchange_fn is not None and not callable(exchange_fn):
             raise TypeError(
@@ -124,7 +103,7 @@ class DcpExchange:
         self.lse_base = lse_base
         self.exchange_fn = exchange_fn
         self.group = group
-        self.rank, self.world_size = self._join(group)
+        self.rank, self.world_size = join_group(group, self.device, "DcpExchange", "DCP")
         if self.H % self.world_size:
             raise ValueError(
                 f"H={self.H} heads cannot be split evenly over the group's {self.world_size} ranks; "
@@ -142,51 +121,18 @@ class DcpExchange:
         self.recv = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
         self._check_peers_agree()
 
-    def _join(self, group: Any) -> tuple[int, int]:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised: call torch.distributed.init_process_group "
-                "(nccl on GPUs, gloo on CPU) before building a DcpExchange"
-            )
-        rank = dist.get_rank(group)
-        if rank < 0:
-            raise ValueError(
-                f"this process (global rank {dist.get_rank()}) is not a member of the group passed to "
-                "DcpExchange; pass the DCP group this rank belongs to"
-            )
-        world_size = dist.get_world_size(group)
-        backend = str(dist.get_backend(group))  # "gloo", "nccl", or per device type: "cpu:gloo,cuda:nccl"
-        if world_size > 1 and self.device.type != "cuda" and "nccl" in backend and "gloo" not in backend:
-            raise ValueError(
-                f"the group uses NCCL, which moves CUDA tensors only, but device is {self.device}; "
-                "use a CUDA device or a gloo group"
-            )
-        return rank, world_size
-
     def _check_peers_agree(self) -> None:
         """One all_gather at construction: a rank built with other arguments would otherwise hang or
         exchange garbage on the first call."""
         fields = {
-            "spec layout (sha256 prefix)": int(self.spec.layout_hash()[:15], 16),
+            "spec layout (sha256 prefix)": fingerprint(self.spec.layout_hash()),
             "B_max": self.B_max,
             "H": self.H,
             "D": self.D,
-            "dtype": int(hashlib.sha256(str(self.dtype).encode()).hexdigest()[:15], 16),
+            "dtype": fingerprint(str(self.dtype)),
             "lse_base": _LSE_BASES.index(self.lse_base),
         }
-        backend = str(dist.get_backend(self.group))
-        device = self.device if self.device.type == "cuda" and "nccl" in backend else torch.device("cpu")
-        mine = torch.tensor(list(fields.values()), dtype=torch.int64, device=device)
-        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine, group=self.group)
-        for peer, theirs in enumerate(gathered):
-            differing = [name for name, a, b in zip(fields, mine.tolist(), theirs.tolist(), strict=True) if a != b]
-            if differing:
-                raise ValueError(
-                    f"DcpExchange arguments differ between ranks: rank {peer} of the group disagrees with "
-                    f"rank {self.rank} on {', '.join(differing)}; every rank must pass the same spec, "
-                    "B_max, H, D, dtype and lse_base"
-                )
+        check_ranks_agree(fields, self.group, self.device, "DcpExchange")
 
     def batch_buffers(self, B: int) -> tuple[LayoutBuffers, LayoutBuffers]:
         """(send, recv) for a B-row call: the spec's dense layout at B_max=B over the static buffers'

@@ -13,7 +13,7 @@ take tensors and ints, not the buffers object:
   writes `out` [B, H/N, D] and, unless None, `out_lse` [B, H/N] (float32, contiguous).
 
 `module` is the generated module's `__name__`, `config` a config's fields in
-declaration order (`layoutgen.dcp.plans.config_values`) or [] for the
+declaration order (`layoutgen.config.config_values`) or [] for the
 dispatched default.  When the tensors are those of a live `alloc()` result the
 op reuses its cached plans; otherwise (e.g. functionalisation handed it copies)
 it validates and plans again, which is correct but slower.
@@ -21,33 +21,19 @@ it validates and plans again, which is correct but slower.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
-from layoutgen.config import LaunchConfig
+from layoutgen.config import config_from_values
 from layoutgen.dcp.config import CONFIG_TYPES
 from layoutgen.dcp.dispatch import dispatcher
 from layoutgen.dcp.plans import buffers_from_tensors
 from layoutgen.runtime.tensors import describe
 
-_configs: dict[tuple[str, tuple[int, ...]], LaunchConfig] = {}
-
 
 def _config(kernel: str, values: list[int]) -> Any:
-    if not values:
-        return None
-    key = (kernel, tuple(values))
-    config = _configs.get(key)
-    if config is None:
-        kind = CONFIG_TYPES[kernel]
-        names = [field.name for field in dataclasses.fields(kind)]
-        if len(values) != len(names):
-            raise ValueError(f"config must list the {kernel} config fields {names} in order, or be []; got {values}")
-        config = kind(**dict(zip(names, values, strict=True)))
-        _configs[key] = config
-    return config
+    return config_from_values(CONFIG_TYPES[kernel], values)
 
 
 @torch.library.custom_op("layoutgen::pack", mutates_args=("buffers",))

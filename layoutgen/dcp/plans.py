@@ -89,11 +89,6 @@ def buffers_from_tensors(
     return LayoutBuffers(spec, shape, dict(zip(names, tensors, strict=True)))
 
 
-def config_values(config: Any) -> list[int]:
-    """A config as the custom ops take it: its fields in declaration order, [] for None."""
-    return [] if config is None else list(config.values())
-
-
 def fit_grid(config: PackConfig, batch: int) -> PackConfig:
     """A pack config whose batch blocks fit the grid's y axis: past MAX_GRID_Y x block_batch rows (a batch
     no decode step reaches, but dispatch must not fail on it) the rows per program double until they fit."""

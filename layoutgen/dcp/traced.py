@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from layoutgen.config import config_values
 from layoutgen.dcp import checks
-from layoutgen.dcp.plans import config_values
 
 
 def pack_traced(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: Any = None, max_sum: Any = None) -> None:

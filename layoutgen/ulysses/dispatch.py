@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import torch
 
+from layoutgen.config import config_values
 from layoutgen.family import get_family
 from layoutgen.runtime import configs
 from layoutgen.runtime.launch import is_jit_function, record_launches
@@ -98,11 +99,6 @@ def shape_values(bufs: UlyssesBuffers) -> list[int]:
 def shape_from_values(values: list[int], dtype: torch.dtype) -> Shape:
     N, S_local, B, H, H_kv, D = values
     return Shape(N=N, S_local=S_local, H=H, H_kv=H_kv, D=D, dtype=dtype, B=B)
-
-
-def config_values(config: Any) -> list[int]:
-    """A config as the custom ops take it: its fields in declaration order, [] for None."""
-    return [] if config is None else list(config.values())
 
 
 class Dispatcher:

@@ -10,38 +10,25 @@ calls `module.scatter(...)` / `module.gather(...)`.  Importing `layoutgen.ulysse
   `torch.ops.layoutgen.ulysses_gather_out(...)`: write the direction's tensors into `out`.
 
 `module` is the generated module's `__name__`, `shape` the buffers' [N, S_local, B, H, H_kv, D], `config`
-a config's fields in declaration order (`layoutgen.ulysses.dispatch.config_values`) or [] for the
+a config's fields in declaration order (`layoutgen.config.config_values`) or [] for the
 dispatched default.  When the tensors are those of a live `alloc()` result the op reuses its cached
 plans; otherwise (e.g. functionalisation handed it copies) it validates and plans again.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
-from layoutgen.ulysses.config import CONFIG_TYPES, TileConfig
+from layoutgen.config import config_from_values
+from layoutgen.ulysses.config import CONFIG_TYPES
 from layoutgen.ulysses.dispatch import buffers_from_tensors, dispatcher, shape_from_values
 from layoutgen.ulysses.layout import KERNEL_DIRECTION
 
-_configs: dict[tuple[str, tuple[int, ...]], TileConfig] = {}
-
 
 def _config(kernel: str, values: list[int]) -> Any:
-    if not values:
-        return None
-    key = (kernel, tuple(values))
-    config = _configs.get(key)
-    if config is None:
-        kind = CONFIG_TYPES[kernel]
-        names = [field.name for field in dataclasses.fields(kind)]
-        if len(values) != len(names):
-            raise ValueError(f"config must list the {kernel} config fields {names} in order, or be []; got {values}")
-        config = kind(**dict(zip(names, values, strict=True)))
-        _configs[key] = config
-    return config
+    return config_from_values(CONFIG_TYPES[kernel], values)
 
 
 def _register_scatter(kernel: str) -> Any:
