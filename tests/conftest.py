@@ -6,7 +6,9 @@ fixtures; nothing is layout-specific, so every test module can use them.
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -298,3 +300,29 @@ def dcp_key(spec_name: str, kernel: str, N: int, heads_per_peer: int, D: int, dt
 def dcp_grid(N: int, H: int, D: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """TuneOptions.grid for one DCP shape."""
     return (("N", (N,)), ("H", (H,)), ("D", (D,)))
+
+
+def pairwise(factors: dict[str, tuple[Any, ...]], seed: int = 21, candidates: int = 60) -> list[dict[str, Any]]:
+    """A small set of cases covering every pair of values of every two factors (greedy, seeded)."""
+    names = list(factors)
+    uncovered = {
+        (a, va, b, vb)
+        for a, b in itertools.combinations(names, 2)
+        for va in range(len(factors[a]))
+        for vb in range(len(factors[b]))
+    }
+    rng = random.Random(seed)
+    cases = []
+    while uncovered:
+        a, va, b, vb = sorted(uncovered)[rng.randrange(len(uncovered))]
+        best, best_gain = None, -1
+        for _ in range(candidates):
+            pick = {name: rng.randrange(len(factors[name])) for name in names}
+            pick[a], pick[b] = va, vb
+            gain = sum((x, pick[x], y, pick[y]) in uncovered for x, y in itertools.combinations(names, 2))
+            if gain > best_gain:
+                best, best_gain = pick, gain
+        assert best is not None
+        uncovered -= {(x, best[x], y, best[y]) for x, y in itertools.combinations(names, 2)}
+        cases.append({name: factors[name][best[name]] for name in names})
+    return cases

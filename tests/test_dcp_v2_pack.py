@@ -17,13 +17,12 @@ here to reach the corners: (max, sum) in a row tail (bf16 rows; float32 batch-in
 from __future__ import annotations
 
 import itertools
-import random
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
-from conftest import CANARY, NPU_LIKE_SPEC_FIELDS, make_spec, render_module, requires_interpreter
+from conftest import CANARY, NPU_LIKE_SPEC_FIELDS, make_spec, pairwise, render_module, requires_interpreter
 
 from layoutgen.dcp import reference
 from layoutgen.dcp.config import PackConfig
@@ -313,32 +312,6 @@ FACTORS: dict[str, tuple[Any, ...]] = {
     "strides": ("contiguous", "strided"),
     "spare": (0, 2),  # B_max - B
 }
-
-
-def pairwise(factors: dict[str, tuple[Any, ...]], seed: int = 21, candidates: int = 60) -> list[dict[str, Any]]:
-    """A small set of cases covering every pair of values of every two factors (greedy, seeded)."""
-    names = list(factors)
-    uncovered = {
-        (a, va, b, vb)
-        for a, b in itertools.combinations(names, 2)
-        for va in range(len(factors[a]))
-        for vb in range(len(factors[b]))
-    }
-    rng = random.Random(seed)
-    cases = []
-    while uncovered:
-        a, va, b, vb = sorted(uncovered)[rng.randrange(len(uncovered))]
-        best, best_gain = None, -1
-        for _ in range(candidates):
-            pick = {name: rng.randrange(len(factors[name])) for name in names}
-            pick[a], pick[b] = va, vb
-            gain = sum((x, pick[x], y, pick[y]) in uncovered for x, y in itertools.combinations(names, 2))
-            if gain > best_gain:
-                best, best_gain = pick, gain
-        assert best is not None
-        uncovered -= {(x, best[x], y, best[y]) for x, y in itertools.combinations(names, 2)}
-        cases.append({name: factors[name][best[name]] for name in names})
-    return cases
 
 
 CASES = pairwise(FACTORS)

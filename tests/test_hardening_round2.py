@@ -496,7 +496,9 @@ def test_reads_are_bounded_by_the_limit_not_by_the_file() -> None:
 # 5. Signals during start-up and build
 # =========================================================================================================
 def start_layoutgen(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    """The console script in its own process group (Ctrl-C goes to the group), as a terminal runs it."""
+    """The console script in its own process group (Ctrl-C goes to the group), as a terminal runs it: with
+    SIGINT and SIGTERM at their defaults, even where this run inherited them ignored (a shell's `&` ignores
+    SIGINT, and layoutgen keeps an inherited SIG_IGN on purpose)."""
     return subprocess.Popen(
         [sys.executable, *layoutgen_command(*args)],
         cwd=cwd,
@@ -505,7 +507,13 @@ def start_layoutgen(args: list[str], cwd: Path) -> subprocess.Popen[str]:
         text=True,
         env=child_env(CUDA_VISIBLE_DEVICES=""),
         start_new_session=True,
+        preexec_fn=_default_stop_signals,
     )
+
+
+def _default_stop_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def stop(process: subprocess.Popen[str], signum: int) -> tuple[str, str]:
@@ -563,6 +571,27 @@ def test_a_signal_during_start_up_exits_130_or_143_with_one_word(signum: int, mo
     assert (process.returncode, err) == (code, f"{word}\n"), f"at {moment} s: exit {process.returncode}\n{err}"
     assert "Traceback" not in stdout
     assert not any(path.suffix == ".tmp" for path in files_under(tmp_path)), files_under(tmp_path)
+
+
+def test_an_inherited_ignored_sigint_stays_ignored(tmp_path: Path) -> None:
+    """`cmd &` in a script and `nohup` start a program with SIGINT ignored: a Ctrl-C meant for the shell's
+    foreground job must not stop it, so layoutgen keeps the disposition it inherited."""
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, *layoutgen_command("build", "--no-verify", *_spec_arguments(), "--out", str(out))],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(CUDA_VISIBLE_DEVICES=""),
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    time.sleep(0.2)
+    assert process.poll() is None, "the build ended within 0.2 s: nothing to interrupt"
+    stdout, err = stop(process, signal.SIGINT)
+    assert process.returncode == 0, f"exit {process.returncode}\n{err}"
+    assert {path.name for path in out.iterdir()} == {f"{name}.py" for name in DCP_SPECS}, stdout
 
 
 def test_sigterm_during_build_verification_cleans_up_and_exits_143(tmp_path: Path) -> None:

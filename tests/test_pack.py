@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ from conftest import (
     expected_layout_bytes,
     fill_bytes,
     owned_byte_count,
+    pairwise,
     random_inputs,
     requires_interpreter,
     strided_inputs,
@@ -51,34 +51,7 @@ HEADS_PER_PEER = (1, 3, 16)
 HEAD_DIMS = (8, 13, 24, 40, 66)  # 13 only where the layout allows an odd D (else 14 is used)
 
 
-def _pairwise(factors: dict[str, tuple], seed: int = 7, candidates: int = 60) -> list[dict]:
-    """A small set of cases covering every pair of values of every two factors (greedy, seeded)."""
-    names = list(factors)
-    uncovered = {
-        (a, va, b, vb)
-        for a, b in itertools.combinations(names, 2)
-        for va in range(len(factors[a]))
-        for vb in range(len(factors[b]))
-    }
-    rng = random.Random(seed)
-    cases = []
-    while uncovered:
-        # Seed each candidate with one uncovered pair so that every step makes progress.
-        a, va, b, vb = sorted(uncovered)[rng.randrange(len(uncovered))]
-        best, best_gain = None, -1
-        for _ in range(candidates):
-            pick = {name: rng.randrange(len(factors[name])) for name in names}
-            pick[a], pick[b] = va, vb
-            gain = sum((x, pick[x], y, pick[y]) in uncovered for x, y in itertools.combinations(names, 2))
-            if gain > best_gain:
-                best, best_gain = pick, gain
-        assert best is not None
-        uncovered -= {(x, best[x], y, best[y]) for x, y in itertools.combinations(names, 2)}
-        cases.append({name: factors[name][best[name]] for name in names})
-    return cases
-
-
-CASES = _pairwise(
+CASES = pairwise(
     {
         "spec": SPEC_NAMES,
         "dtype": DTYPES,
@@ -87,7 +60,8 @@ CASES = _pairwise(
         "heads_per_peer": HEADS_PER_PEER,
         "D": HEAD_DIMS,
         "strides": STRIDE_KINDS,
-    }
+    },
+    seed=7,
 )
 
 

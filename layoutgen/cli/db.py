@@ -1,4 +1,4 @@
-"""`layoutgen db show` and `layoutgen db check`: read and validate the tuning database.
+"""`layoutgen db show`, `layoutgen db check` and `layoutgen db prune`: read, validate and tidy the tuning database.
 
 `show` prints a summary by default (one line per spec and kernel: how many entries, over how many shapes
 and sizes, whether they are current) and with `--entries` one line per entry under a line per shape; both
