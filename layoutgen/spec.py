@@ -17,6 +17,7 @@ import pkgutil
 import re
 import sys
 from collections.abc import Hashable, Mapping
+from enum import Enum
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,14 @@ def reserved_names() -> frozenset[str]:
     names |= {module.name for module in pkgutil.walk_packages([str(package)])}
     names |= {part for module in list(names) for part in module.split(".")}
     return frozenset(name.lower() for name in names)
+
+
+class Transport(str, Enum):
+    """How a spec's buffers travel between ranks: one `all_to_all_single` per buffer (layoutgen's exchange;
+    the peer axis outermost in every buffer), or a transport the caller runs (`exchange_fn`)."""
+
+    ALL_TO_ALL_SINGLE = "all_to_all_single"
+    EXTERNAL = "external"
 
 
 class FieldError(ValueError):

@@ -16,7 +16,7 @@ memory pool during capture (pass `merged_out=` to write into a tensor of your ow
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,11 +24,8 @@ import torch
 from layoutgen.dcp.exchange_inputs import check_call_inputs
 from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
 from layoutgen.dcp.spec import Transport
+from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
-
-#: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the
-#: receive buffer of the same name on that peer (same layout, peer index = source rank).
-ExchangeFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], None]
 
 _LSE_BASES = ("e", "2")
 
@@ -82,15 +79,12 @@ class DcpExchange:
     ) -> None:
         self.module = generated_module(spec, "dcp", ("alloc", "pack", "combine"), "DcpExchange")
         self.spec = self.module.SPEC
-        if exchange_fn is not None and not callable(exchange_fn):
-            raise TypeError(
-                f"exchange_fn must be callable(send_tensors, recv_tensors), got {type(exchange_fn).__name__}"
-            )
-        if self.spec.transport is Transport.EXTERNAL and exchange_fn is None:
-            raise ValueError(
-                f"spec '{self.spec.name}' has transport external: pass exchange_fn(send_tensors, recv_tensors) "
-                "that moves its buffers (for FlashInfer MNNVL: layoutgen.dcp.distributed.flashinfer_mnnvl_exchange)"
-            )
+        check_exchange_fn(
+            self.spec.name,
+            self.spec.transport is Transport.EXTERNAL,
+            exchange_fn,
+            " (for FlashInfer MNNVL: layoutgen.dcp.distributed.flashinfer_mnnvl_exchange)",
+        )
         if lse_base not in _LSE_BASES:
             raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
         if dtype not in INPUT_DTYPES:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from layoutgen.family import content_hash
-from layoutgen.spec import FieldError, SpecBase
+from layoutgen.spec import FieldError, SpecBase, Transport
 
 #: Logical axes of the payload buffer.
 PAYLOAD_AXES: tuple[str, ...] = ("peer", "batch", "head", "dim")
@@ -36,11 +36,6 @@ STATS_AXES: tuple[str, ...] = ("peer", "batch", "head", "slot")
 SCALE_AXES: tuple[str, ...] = ("peer", "batch", "head", "block")
 #: The smallest scale block: a float32 scale per 16 fp8 elements already adds a quarter to the payload bytes.
 MIN_SCALE_BLOCK = 16
-
-
-class Transport(str, Enum):
-    ALL_TO_ALL_SINGLE = "all_to_all_single"
-    EXTERNAL = "external"
 
 
 class PayloadDtype(str, Enum):

@@ -7,10 +7,26 @@ the same code; layoutgen never moves bytes between ranks itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+
+#: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the
+#: receive buffer of the same name on that peer (same layout, peer index = source rank).
+ExchangeFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], None]
+
+
+def check_exchange_fn(spec_name: str, external: bool, exchange_fn: Any, hint: str = "") -> None:
+    """A distributed helper's `exchange_fn` argument: callable if given, and given for a spec whose transport
+    is external (layoutgen cannot move its buffers itself); `hint` names a ready-made one."""
+    if exchange_fn is not None and not callable(exchange_fn):
+        raise TypeError(f"exchange_fn must be callable(send_tensors, recv_tensors), got {type(exchange_fn).__name__}")
+    if external and exchange_fn is None:
+        raise ValueError(
+            f"spec '{spec_name}' has transport external: pass exchange_fn(send_tensors, recv_tensors) "
+            f"that moves its buffers{hint}"
+        )
 
 
 def all_to_all_tensors(send: Mapping[str, torch.Tensor], recv: Mapping[str, torch.Tensor], group: Any = None) -> None:

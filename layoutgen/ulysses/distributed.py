@@ -15,20 +15,15 @@ which come from the graph's memory pool during capture (pass `out=` to write int
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from layoutgen.runtime.exchange import all_to_all_tensors
+from layoutgen.runtime.exchange import ExchangeFn, all_to_all_tensors, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
 from layoutgen.ulysses.dispatch import remember_buffers
 from layoutgen.ulysses.layout import DTYPES, Shape, UlyssesBuffers, check_shape
 from layoutgen.ulysses.spec import HeadCount, Transport, UlyssesSpec
-
-#: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the receive
-#: buffer of the same name on that peer (same layout, peer index = source rank).
-ExchangeFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], None]
 
 
 def _describe(tensor: torch.Tensor) -> str:
@@ -75,15 +70,7 @@ class UlyssesExchange:
     ) -> None:
         self.module = generated_module(spec, "ulysses", ("alloc", "alloc_out", "scatter", "gather"), "UlyssesExchange")
         self.spec: UlyssesSpec = self.module.SPEC
-        if exchange_fn is not None and not callable(exchange_fn):
-            raise TypeError(
-                f"exchange_fn must be callable(send_tensors, recv_tensors), got {type(exchange_fn).__name__}"
-            )
-        if self.spec.transport is Transport.EXTERNAL and exchange_fn is None:
-            raise ValueError(
-                f"spec '{self.spec.name}' has transport external: pass exchange_fn(send_tensors, recv_tensors) "
-                "that moves its buffers"
-            )
+        check_exchange_fn(self.spec.name, self.spec.transport is Transport.EXTERNAL, exchange_fn)
         if H_kv is None and self.spec.uses(HeadCount.H_KV):
             raise TypeError(f"spec '{self.spec.name}' has H_kv-headed tensors: pass H_kv")
         if dtype not in DTYPES:

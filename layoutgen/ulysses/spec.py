@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from layoutgen.spec import FieldError, SpecBase
+from layoutgen.spec import FieldError, SpecBase, Transport
 
 #: Logical axes of a rank's shard (`local`) and of what attention reads and writes (`attention`); `batch`
 #: is optional, and present in every layout of a spec or in none.
@@ -29,11 +29,6 @@ TENSOR_NAME_PATTERN = r"^[a-z][a-z0-9]{0,15}$"
 RESERVED_TENSOR_NAMES = frozenset(
     {"bufs", "config", "kernel", "grid", "tiles", "triton", "tl", "torch", "wire", "program", "tile", "outer"}
 )
-
-
-class Transport(str, Enum):
-    ALL_TO_ALL_SINGLE = "all_to_all_single"
-    EXTERNAL = "external"
 
 
 class HeadCount(str, Enum):
