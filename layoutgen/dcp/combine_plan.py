@@ -44,6 +44,7 @@ def plan_combine(
     else:
         check_config(config, CombineConfig)
         resolved = config
+    out_start, out_end = (0, 0) if out is None else byte_span(out)
     plan = CombinePlan(
         cast(CombineConfig, resolved),
         needs_int64(*tensors),
@@ -53,7 +54,7 @@ def plan_combine(
         bufs.device,
         scale_value,
         tuple(span for span in map(byte_span, bufs.tensors.values()) if span[0] < span[1]),
-        0 if out is None else byte_span(out)[1] - byte_span(out)[0],
+        out_end - out_start,
     )
     plans_of(bufs)[combine_key(owner, B, lse_base, out, return_lse, config, scale)] = plan
     return plan

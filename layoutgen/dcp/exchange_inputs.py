@@ -8,9 +8,7 @@ from typing import Any
 
 import torch
 
-
-def _describe(tensor: torch.Tensor) -> str:
-    return f"shape {list(tensor.shape)}, {tensor.dtype} on {tensor.device}"
+from layoutgen.runtime.tensors import describe
 
 
 def check_call_inputs(exchange: Any, out: Any, lse: Any, empty: Any, max_sum: Any) -> tuple[int, tuple[int, ...]]:
@@ -34,7 +32,7 @@ def check_call_inputs(exchange: Any, out: Any, lse: Any, empty: Any, max_sum: An
         raise TypeError(f"out must be a torch.Tensor [B, H={exchange.H}, D={exchange.D}], got {type(out).__name__}")
     if out.dim() not in (3, 4) or out.shape[-2] != exchange.H or out.shape[-1] != exchange.D:
         raise ValueError(
-            f"out must have shape [B, H={exchange.H}, D={exchange.D}] or [R, T, H={exchange.H}, D={exchange.D}]; got {_describe(out)}"
+            f"out must have shape [B, H={exchange.H}, D={exchange.D}] or [R, T, H={exchange.H}, D={exchange.D}]; got {describe(out)}"
         )
     lead = tuple(out.shape[:-2])
     batch = math.prod(lead)
@@ -44,12 +42,10 @@ def check_call_inputs(exchange: Any, out: Any, lse: Any, empty: Any, max_sum: An
             f"was built for B_max={exchange.B_max}; build it with a larger B_max"
         )
     if out.dtype != exchange.dtype:
-        raise TypeError(
-            f"out must be {exchange.dtype} (the dtype this DcpExchange was built for); got {_describe(out)}"
-        )
+        raise TypeError(f"out must be {exchange.dtype} (the dtype this DcpExchange was built for); got {describe(out)}")
     if out.device != exchange.device:
         raise ValueError(
-            f"out must be on {exchange.device} (the device this DcpExchange was built for); got {_describe(out)}"
+            f"out must be on {exchange.device} (the device this DcpExchange was built for); got {describe(out)}"
         )
     if (lse is None) == (max_sum is None):
         raise TypeError("pass exactly one of lse and max_sum=(max, sum)")
@@ -66,21 +62,21 @@ def check_call_inputs(exchange: Any, out: Any, lse: Any, empty: Any, max_sum: An
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{label} must be a float32 torch.Tensor {want}, got {type(tensor).__name__}")
         if tuple(tensor.shape) != (*lead, exchange.H):
-            raise ValueError(f"{label} must have shape {want}; got {_describe(tensor)}")
+            raise ValueError(f"{label} must have shape {want}; got {describe(tensor)}")
         if tensor.dtype != torch.float32:
-            raise TypeError(f"{label} must be float32; got {_describe(tensor)}")
+            raise TypeError(f"{label} must be float32; got {describe(tensor)}")
         if tensor.device != exchange.device:
             raise ValueError(
-                f"{label} must be on {exchange.device} (the device this DcpExchange was built for); got {_describe(tensor)}"
+                f"{label} must be on {exchange.device} (the device this DcpExchange was built for); got {describe(tensor)}"
             )
     if empty is not None and (
         not isinstance(empty, torch.Tensor) or empty.dtype != torch.bool or tuple(empty.shape) != lead[:1]
     ):
-        got = _describe(empty) if isinstance(empty, torch.Tensor) else type(empty).__name__
+        got = describe(empty) if isinstance(empty, torch.Tensor) else type(empty).__name__
         raise ValueError(f"empty must be None or a torch.bool tensor [R={lead[0]}] (one flag per request); got {got}")
     if empty is not None and empty.device != exchange.device:
         raise ValueError(
-            f"empty must be on {exchange.device} (the device this DcpExchange was built for); got {_describe(empty)}"
+            f"empty must be on {exchange.device} (the device this DcpExchange was built for); got {describe(empty)}"
         )
     if key is not None:
         exchange._checked_inputs.add(key)

@@ -26,8 +26,9 @@ def pack_key(owner: Any, out: Any, lse: Any, config: Any) -> tuple[Any, ...]:
 
 def pack_v2_key(owner: Any, out: Any, first: Any, sums: Any, empty: Any, config: Any) -> tuple[Any, ...]:
     """`pack_key` for a call with an empty mask or (max, sum) inputs."""
-    optional = tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in (sums, empty))
-    return (*pack_key(owner, out, first, None)[:-1], *optional, config)
+    return (owner, out.shape, out.stride(), out.dtype, out.device, first.shape, first.stride(), first.dtype,
+            first.device, None if sums is None else (sums.shape, sums.stride(), sums.dtype, sums.device),
+            None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device), config)  # fmt: skip
 
 
 def key_of(owner: Any, out: Any, lse: Any, config: Any, empty: Any, max_sum: Any) -> tuple[Any, ...]:

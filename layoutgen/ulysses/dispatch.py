@@ -136,9 +136,10 @@ class Dispatcher:
             )
             return
         try:
-            key = (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
-            plan = bufs.__dict__[_PLANS][key]
+            plan = bufs.__dict__[_PLANS][self._scatter_key(kernel, config, tensors)]
         except (AttributeError, KeyError, TypeError):
+            plan = None
+        if plan is None:  # planned outside the handler: a refusal does not read "during handling of KeyError"
             plan = self._plan_scatter(kernel, tensors, bufs, config)
         call = (*tensors, *bufs.tensors.values())
         direct = plan.direct
@@ -152,9 +153,11 @@ class Dispatcher:
         bufs = checks.check_sources(self.spec, kernel, tensors, bufs)
         check_runnable(self.kernels[kernel][0], *tensors, *bufs.tensors.values())
         plan = Plan(self._config(kernel, bufs, config), needs_int64(*tensors, *bufs.tensors.values()))
-        key = (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
-        plans_of(bufs)[key] = plan
+        plans_of(bufs)[self._scatter_key(kernel, config, tensors)] = plan
         return plan
+
+    def _scatter_key(self, kernel: str, config: Any, tensors: Any) -> tuple[Any, ...]:
+        return (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
 
     # gather / gather_out --------------------------------------------------------------------------------
 
@@ -165,9 +168,10 @@ class Dispatcher:
         if _is_compiling():
             return self._gather_traced(kernel, bufs, out, config)
         try:
-            given = None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device) for t in out)
-            plan = bufs.__dict__[_PLANS][(self, kernel, config, given)]
+            plan = bufs.__dict__[_PLANS][self._gather_key(kernel, config, out)]
         except (AttributeError, KeyError, TypeError):
+            plan = None
+        if plan is None:
             plan = self._plan_gather(kernel, bufs, out, config)
         if out is None:
             out = tuple(torch.empty(shape, dtype=bufs.dtype, device=bufs.device) for shape in plan.out_shapes)
@@ -195,14 +199,12 @@ class Dispatcher:
         # New outputs are dense: as large as given ones would be when they are.
         sizes = [torch.empty(shape, device="meta") for shape in out_shapes] if out is None else list(given)
         plan = Plan(self._config(kernel, bufs, config), needs_int64(*bufs.tensors.values(), *sizes), out_shapes)
-        key = (
-            self,
-            kernel,
-            config,
-            None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device) for t in out),
-        )
-        plans_of(bufs)[key] = plan
+        plans_of(bufs)[self._gather_key(kernel, config, out)] = plan
         return plan
+
+    def _gather_key(self, kernel: str, config: Any, out: Any) -> tuple[Any, ...]:
+        given = None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device) for t in out)
+        return (self, kernel, config, given)
 
     def _gather_traced(self, kernel: str, bufs: Any, out: Any, config: Any) -> tuple[torch.Tensor, ...]:
         # Allocation stays in the traced graph; the op only writes.
@@ -222,12 +224,10 @@ class Dispatcher:
         Arguments as the public function takes them: (tensors, bufs) or (bufs, out)."""
         if kernel in ("scatter", "scatter_out"):
             tensors, bufs = args
-            key = (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
-            found = bufs.__dict__.get(_PLANS, {}).get(key)
+            found = bufs.__dict__.get(_PLANS, {}).get(self._scatter_key(kernel, config, tensors))
             return cast(Plan, found) if found is not None else self._plan_scatter(kernel, tensors, bufs, config)
         bufs, out = args
-        given = None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device) for t in out)
-        found = bufs.__dict__.get(_PLANS, {}).get((self, kernel, config, given))
+        found = bufs.__dict__.get(_PLANS, {}).get(self._gather_key(kernel, config, out))
         return cast(Plan, found) if found is not None else self._plan_gather(kernel, bufs, out, config)
 
     def _config(self, kernel: str, bufs: UlyssesBuffers, config: Any) -> TileConfig:

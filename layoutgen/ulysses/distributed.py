@@ -21,13 +21,10 @@ import torch
 
 from layoutgen.runtime.exchange import ExchangeFn, all_to_all_tensors, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
+from layoutgen.runtime.tensors import describe
 from layoutgen.ulysses.dispatch import remember_buffers
 from layoutgen.ulysses.layout import DTYPES, Shape, UlyssesBuffers, check_shape
 from layoutgen.ulysses.spec import HeadCount, Transport, UlyssesSpec
-
-
-def _describe(tensor: torch.Tensor) -> str:
-    return f"shape {list(tensor.shape)}, {tensor.dtype} on {tensor.device}"
 
 
 class UlyssesExchange:
@@ -133,7 +130,7 @@ class UlyssesExchange:
         if not isinstance(first, torch.Tensor) or first.dim() != len(axes):
             raise TypeError(
                 f"{what}: {names[0]} must be a torch.Tensor with axes [{', '.join(axes)}], got "
-                + (_describe(first) if isinstance(first, torch.Tensor) else type(first).__name__)
+                + (describe(first) if isinstance(first, torch.Tensor) else type(first).__name__)
             )
         return int(first.shape[axes.index("seq")])
 
@@ -164,7 +161,7 @@ class UlyssesExchange:
         if S % self.world_size:
             raise ValueError(
                 f"from_attention: {names[0]} has {S} rows, not a multiple of the group's {self.world_size} ranks; "
-                f"got {_describe(tensors[0])}"
+                f"got {describe(tensors[0])}"
             )
         S_local = S // self.world_size
         send, _ = self.buffers("from_attention", S_local)
