@@ -344,11 +344,14 @@ def markdown(results: dict[str, Any]) -> str:
     worst = max((row["masked_over_unmasked"] for row in results["masked"]), default=math.nan)
     lines += ["", f"Worst masked/unmasked ratio: {worst:.3f} (target <= 1.03).", ""]
     lines += ["## (max, sum) combine (TensorRT-LLM helix) and an lse combine beside it", ""]
-    lines += ["| spec | N | B | config | µs | TB/s | of ceiling | scale 0.5 µs |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| spec | N | B | H | D | config | µs | TB/s | of ceiling | scale 0.5 µs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in results["max_sum_combine"]:
         combine = row["combine"]
         lines.append(
-            f"| {row['spec']} | {row['N']} | {row['B']} | {row['config']} | {combine['us']:.2f} | "
+            f"| {row['spec']} | {row['N']} | {row['B']} | {row['H']} | {row['D']} | {row['config']} | {combine['us']:.2f} | "
             f"{combine['tbps']:.2f} | {_pct(combine.get('ceiling'))} | {row['combine_scale_0.5']['us']:.2f} |"
         )
     lines += ["", "## Transposing pack (NPU-path rows, float32 [peer, head, dim, batch]; untuned)", ""]
@@ -362,13 +365,14 @@ def markdown(results: dict[str, Any]) -> str:
     if results["fp8"]:
         lines += ["", "## fp8 wire against the bf16 wire of the same layout", ""]
         lines += [
-            "| spec | kernel | N | B | fp8 µs | bf16 µs | speed-up | fp8 of ceiling |",
-            "|---|---|---|---|---|---|---|---|",
+            "| spec | kernel | N | B | H | D | fp8 config | fp8 µs | bf16 config | bf16 µs | speed-up | fp8 of ceiling |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for row in results["fp8"]:
             lines.append(
-                f"| {row['spec']} | {row['kernel']} | {row['N']} | {row['B']} | {row['fp8']['us']:.2f} | "
-                f"{row['bf16']['us']:.2f} | {row['speedup']:.2f}x | {_pct(row['fp8'].get('ceiling'))} |"
+                f"| {row['spec']} | {row['kernel']} | {row['N']} | {row['B']} | {row['H']} | {row['D']} | "
+                f"{row['fp8']['config']} | {row['fp8']['us']:.2f} | {row['bf16']['config']} | {row['bf16']['us']:.2f} | "
+                f"{row['speedup']:.2f}x | {_pct(row['fp8'].get('ceiling'))} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -19,7 +19,7 @@ engines' reshape is, and the kernel's time is what not using them would cost.
 Every variant's output is checked byte for byte against the reference before it is timed.  Results:
 `<out>/ulysses_<device>.json` (every row) and `<out>/ulysses_<device>.md` (the table).
 
-Usage (GPU): python benchmarks/bench_ulysses.py --out benchmarks/results [--quick] [--spec NAME ...]
+Usage (GPU): python benchmarks/bench_ulysses.py --out benchmarks/results [--quick | --small] [--spec NAME ...]
 """
 
 from __future__ import annotations
@@ -61,9 +61,17 @@ NAIVE = {
 }
 
 
-def grid_points(quick: bool) -> list[tuple[int, int, int, int, int, int]]:
+#: (N, S_local, B, H, H_kv, D) of the small-size target (each tensor <= 256 KiB): one token per rank
+#: (a 8 KiB q), and 64 tokens of 16 heads (a 256 KiB q) where launch latency, not bandwidth, sets the time.
+SMALL_POINTS = [(2, 1, 1, 32, 8, 128), (8, 64, 1, 16, 8, 128)]
+
+
+def grid_points(quick: bool, small: bool = False) -> list[tuple[int, int, int, int, int, int]]:
     """(N, S_local, B, H, H_kv, D): a video-DiT-like layer (H 24, D 128, long sequences) and an LLM one
-    (H 32, GQA 8 k/v heads, D 128) at N 2, 4, 8 (H_kv = H where the spec has no GQA tensors)."""
+    (H 32, GQA 8 k/v heads, D 128) at N 2, 4, 8 (H_kv = H where the spec has no GQA tensors); `small`:
+    the small-size points instead."""
+    if small:
+        return list(SMALL_POINTS)
     if quick:
         return [(4, 4096, 1, 32, 8, 128), (8, 1024, 1, 32, 8, 128)]
     points = []
@@ -197,7 +205,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for spec_name in args.spec or SPECS:
         module = layoutgen.load(spec_name)
-        for point in grid_points(args.quick):
+        for point in grid_points(args.quick, args.small):
             shape = shape_for(module.SPEC, point)
             if not holds(module.SPEC, shape):
                 continue
@@ -224,7 +232,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], device: str) -> str:
+def markdown(rows: list[dict[str, Any]], device: str, small: bool = False) -> str:
     lines = [
         f"# Ulysses kernels on {device}",
         "",
@@ -249,6 +257,12 @@ def markdown(rows: list[dict[str, Any]], device: str) -> str:
         lines += ["", f"Geomean over the steps that must copy (no `view`): torch/ours {math.exp(statistics.fmean(map(math.log, speedups))):.2f}x, "
                   f"compiled/ours {math.exp(statistics.fmean(map(math.log, compiled))):.2f}x, "
                   f"copy/ours {math.exp(statistics.fmean(map(math.log, floors))):.2f}."]  # fmt: skip
+        if small:
+            slowest = max(copies, key=lambda r: r["ours_us"])
+            above = max(r["ours_us"] - min(r["torch_us"], r["compiled_us"]) for r in copies)
+            lines += ["", f"Small sizes (every tensor <= 256 KiB): ours at most {slowest['ours_us']:.2f} µs "
+                      f"({slowest['spec']} {slowest['kernel']}), at most {above:+.2f} µs against the faster of "
+                      f"torch and compiled."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -257,13 +271,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--quick", action="store_true", help="two shapes per spec")
     parser.add_argument("--spec", action="append", help="a bundled ulysses spec (repeatable; default: all)")
+    parser.add_argument("--small", action="store_true", help="the small-size points only (ulysses_small_*)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     rows = measure(args)
     device = torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "ulysses_" + device_file_name(device).removesuffix(".json")
+    stem = ("ulysses_small_" if args.small else "ulysses_") + device_file_name(device).removesuffix(".json")
     result = {
         "device": device,
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -275,7 +290,7 @@ def main() -> int:
         "rows": rows,
     }
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / f"{stem}.md").write_text(markdown(rows, device))
+    (args.out / f"{stem}.md").write_text(markdown(rows, device, args.small))
     return 0
 
 

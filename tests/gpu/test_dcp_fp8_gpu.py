@@ -86,8 +86,8 @@ def fp8_values(dtype: torch.dtype) -> torch.Tensor:
     return values[values.isfinite()].unique()
 
 
-def awkward_rows(spec: Any, B: int, generator: torch.Generator) -> torch.Tensor:
-    """float32 out [B, H, D]: random rows, then rows built to hit each corner of the quantisation."""
+def awkward_rows(spec: Any, B: int, generator: torch.Generator, *, H: int = H, D: int = D) -> torch.Tensor:
+    """float32 out [B, H, D] (H >= 9): random rows, then rows built to hit each corner of the quantisation."""
     fmax = spec.fp8_max
     wire = torch.float8_e4m3fn if spec.payload.dtype.value == "float8_e4m3fn" else torch.float8_e5m2
     out = torch.randn(B, H, D, generator=generator) * torch.exp2(torch.randint(-8, 8, (B, H, 1), generator=generator))
@@ -117,7 +117,8 @@ def awkward_rows(spec: Any, B: int, generator: torch.Generator) -> torch.Tensor:
 
 
 def reference_bytes(spec: Any, out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor | None) -> LayoutBuffers:
-    want = fill_bytes(LayoutBuffers.allocate(spec, N, out.shape[0], H, D, out.dtype, "cpu"))
+    B, heads, width = out.shape
+    want = fill_bytes(LayoutBuffers.allocate(spec, N, B, heads, width, out.dtype, "cpu"))
     reference.pack(out.cpu(), lse.cpu(), want, empty=None if empty is None else empty.cpu())
     return want
 
@@ -157,6 +158,32 @@ def test_fp8_pack_is_byte_exact_on_the_gpu(spec_name: str, dtype: torch.dtype, m
                 )
                 torch.cuda.synchronize()
                 assert_same_bytes(to_cpu(bufs), want, f"{spec_name} {dtype} B={B} masked={masked is not None} {config}")
+
+
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a_fp8", "vllm_a2a_fp8", "fp8_e5m2_blocks"])
+def test_fp8_pack_is_byte_exact_at_the_mla_width(spec_name: str, modules: dict[str, ModuleType]) -> None:
+    """D 512 (MLA decode, the width the database is tuned at): one scale per 512 or per 32 elements, the
+    dispatched config and tiles that split a row's block or hold several blocks."""
+    module = modules[spec_name]
+    heads, width = 16, 512
+    generator = torch.Generator().manual_seed(512)
+    configs = [
+        None,
+        PackConfig(block_peer=1, block_batch=1, block_head=2, block_dim=512, num_warps=4),
+        PackConfig(block_peer=1, block_batch=2, block_head=1, block_dim=512, num_warps=8),
+    ]
+    if module.SPEC.scale_block_of(width) < width:  # a tile of four 32-element blocks, a quarter of the row
+        configs.append(PackConfig(block_peer=1, block_batch=2, block_head=2, block_dim=128, num_warps=4))
+    for B in (1, 37, 256):
+        out = awkward_rows(module.SPEC, B, generator, H=heads, D=width).to(torch.bfloat16)
+        lse = torch.randn(B, heads, generator=generator) * 4
+        empty = torch.rand(B, generator=generator) < 0.25
+        want = reference_bytes(module.SPEC, out, lse, empty)
+        for config in configs:
+            bufs = fill_bytes(module.alloc(N, B, heads, width, torch.bfloat16, "cuda"))
+            module.pack(out.cuda(), lse.cuda(), bufs, empty=empty.cuda(), config=config)
+            torch.cuda.synchronize()
+            assert_same_bytes(to_cpu(bufs), want, f"{spec_name} D={width} B={B} {config}")
 
 
 def test_every_rounding_midpoint_of_e4m3fn_on_the_gpu(modules: dict[str, ModuleType]) -> None:
