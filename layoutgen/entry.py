@@ -54,22 +54,28 @@ def main() -> None:
     for stop in _EXITS:
         if signal.getsignal(stop) is not signal.SIG_IGN:  # `nohup` and `&` in scripts ignore SIGINT on purpose
             signal.signal(stop, _on_signal)
+    report = sys.unraisablehook
     try:
-        from layoutgen.cli import main as run_cli
-    except KeyboardInterrupt:
-        _exit_stopped(_stopped["by"])
-    except BaseException:
-        if _stopped["by"] is not None:  # the import failed because it was interrupted
+        try:
+            from layoutgen.signals import swallowed_interrupt_hook
+
+            sys.unraisablehook = swallowed_interrupt_hook(_stopped, report)
+            from layoutgen.cli import main as run_cli
+        except KeyboardInterrupt:
             _exit_stopped(_stopped["by"])
-        raise
-    if _stopped["by"] is not None:  # an import swallowed the KeyboardInterrupt
-        _exit_stopped(_stopped["by"])
-    try:
-        run_cli()
-    except KeyboardInterrupt:  # before the CLI installed its own handlers, or after it restored ours
-        _exit_stopped(_stopped["by"])
+        except BaseException:
+            if _stopped["by"] is not None:  # the import failed because it was interrupted
+                _exit_stopped(_stopped["by"])
+            raise
+        if _stopped["by"] is not None:  # an import swallowed the KeyboardInterrupt
+            _exit_stopped(_stopped["by"])
+        try:
+            run_cli()
+        except KeyboardInterrupt:  # before the CLI installed its own handlers, or after it restored ours
+            _exit_stopped(_stopped["by"])
     finally:
         _forget_caught_interrupts()  # the CLI exits 130 or 143 itself after catching an interrupt
+        sys.unraisablehook = report
 
 
 if __name__ == "__main__":

@@ -597,6 +597,71 @@ def test_a_signal_during_start_up_exits_130_or_143_with_one_word(signum: int, mo
     assert not any(path.suffix == ".tmp" for path in files_under(tmp_path)), files_under(tmp_path)
 
 
+SWALLOWED_INTERRUPT = """
+import signal, sys, weakref
+import layoutgen.cli as cli
+
+
+def callback(reference):
+    signal.raise_signal(signal.SIGINT)
+    sum(range(100))  # a bytecode boundary inside the callback: layoutgen's handler raises here
+
+
+class Thing:
+    pass
+
+
+@cli.app.command("swallow")
+def swallow():
+    thing = Thing()
+    reference = weakref.ref(thing, callback)
+    del thing  # the callback runs now, where CPython reports an exception instead of raising it
+    print("went on")
+
+
+sys.argv = ["layoutgen", "swallow"]
+cli.main()
+"""
+
+
+def test_an_interrupt_landing_in_a_weakref_callback_still_exits_130_with_one_word(tmp_path: Path) -> None:
+    """A Ctrl-C that lands while CPython runs a callback it cannot raise from (importlib's module-lock
+    weakref callback in the middle of an import: seen once in CI at 0.5 s of a build) must not print
+    "Exception ignored in ..." and a traceback: the run stops at its next step with the one word."""
+    process = subprocess.run(
+        [sys.executable, "-c", SWALLOWED_INTERRUPT],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=child_env(CUDA_VISIBLE_DEVICES=""),
+        timeout=CHILD_TIMEOUT_S,
+        preexec_fn=_default_stop_signals,
+    )
+    assert (process.returncode, process.stderr) == (130, "interrupted\n"), (
+        f"exit {process.returncode}\nstderr: {process.stderr}\nstdout: {process.stdout}"
+    )
+    assert process.stdout == "went on\n"
+
+
+def test_only_the_runs_own_swallowed_interrupt_is_silenced() -> None:
+    """Any other unraisable exception, and a KeyboardInterrupt no signal of the run explains, still reaches
+    the interpreter's report (the hook of both the entry script and the CLI)."""
+    import types
+
+    from layoutgen.signals import swallowed_interrupt_hook
+
+    reported: list[BaseException] = []
+    for stopped_by, error, silenced in (
+        (int(signal.SIGINT), KeyboardInterrupt(), True),
+        (int(signal.SIGINT), ValueError("a __del__ failed"), False),
+        (None, KeyboardInterrupt(), False),
+    ):
+        reported.clear()
+        hook = swallowed_interrupt_hook({"by": stopped_by}, lambda unraisable: reported.append(unraisable.exc_value))
+        hook(types.SimpleNamespace(exc_value=error))
+        assert reported == ([] if silenced else [error]), (stopped_by, error)
+
+
 def test_an_inherited_ignored_sigint_stays_ignored(tmp_path: Path) -> None:
     """`cmd &` in a script and `nohup` start a program with SIGINT ignored: a Ctrl-C meant for the shell's
     foreground job must not stop it, so layoutgen keeps the disposition it inherited."""

@@ -21,6 +21,7 @@ from layoutgen.cli import families as families_command
 from layoutgen.cli import show as show_command
 from layoutgen.cli import tune as tune_command
 from layoutgen.cli.common import CommandFailed, GuardedStdout, OutputClosed, debug, errors, expand_arguments, say
+from layoutgen.signals import swallowed_interrupt_hook
 from layoutgen.spec import SpecError
 
 __all__ = ["CommandFailed", "app", "main"]
@@ -92,10 +93,13 @@ def main() -> None:
             if signal.getsignal(stop) not in (signal.SIG_IGN, None):
                 previous[stop] = signal.signal(stop, _on_signal)
     stdout, sys.stdout = sys.stdout, GuardedStdout(sys.stdout)
+    report = sys.unraisablehook
+    sys.unraisablehook = swallowed_interrupt_hook(_stopped, report)
     try:
         _run()
     finally:
         sys.stdout = stdout
+        sys.unraisablehook = report
         for stop, handler in previous.items():
             signal.signal(stop, handler)
 
