@@ -2,8 +2,10 @@
 
 Importing the CLI (typer, rich, pydantic, jinja2; torch for most commands) takes 0.15-2 s, and a signal in
 that time used to end the process with a KeyboardInterrupt traceback (or kill it outright, by SIGINT).
-This module imports nothing but `signal` and `sys` before it installs its handlers, so from here on a
-Ctrl-C at any moment prints `interrupted` and exits 130, and a SIGTERM prints `terminated` and exits 143.
+This module imports nothing but `signal`, `sys` and `layoutgen.signals` (whose own imports the `layoutgen`
+package has made already) before it installs its handlers, so from here on a Ctrl-C at any moment prints
+`interrupted` and exits 130, and a SIGTERM prints `terminated` and exits 143 -- when the signal lands inside
+an import, once that import returns: raising into one can abort the process (`layoutgen.signals`).
 `layoutgen.cli.main` installs its own handlers once imported; these then cover only the start-up and
 the moments around it.  (What runs before this module -- the interpreter's start and the `layoutgen`
 package's own import, 15-30 ms together on an idle machine, measured -- is out of any Python handler's
@@ -16,17 +18,21 @@ import signal
 import sys
 from typing import Any, NoReturn
 
+from layoutgen.signals import inside_import, swallowed_interrupt_hook
+
 #: The signal that stopped the start-up, if any.
 _stopped: dict[str, int | None] = {"by": None}
 _EXITS = {int(signal.SIGINT): (130, "interrupted"), int(signal.SIGTERM): (143, "terminated")}
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    # Remember the signal: an import that catches everything may swallow the KeyboardInterrupt, or an
-    # import interrupted half-way may fail later with another error; the exit says why anyway.
+    # Remember the signal: an import that catches everything may swallow the KeyboardInterrupt, or fail later
+    # with another error; the exit says why anyway.
     _stopped["by"] = int(signum)
     for stop in _EXITS:  # the run ends now: a second Ctrl-C must not interrupt the way out
         signal.signal(stop, signal.SIG_IGN)
+    if inside_import(frame):  # raising there can abort the process; main() exits when the import returns
+        return
     raise KeyboardInterrupt
 
 
@@ -57,8 +63,6 @@ def main() -> None:
     report = sys.unraisablehook
     try:
         try:
-            from layoutgen.signals import swallowed_interrupt_hook
-
             sys.unraisablehook = swallowed_interrupt_hook(_stopped, report)
             from layoutgen.cli import main as run_cli
         except KeyboardInterrupt:

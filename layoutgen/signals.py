@@ -1,15 +1,23 @@
 """SIGTERM as Ctrl-C: a job limit or `timeout` stops a run the way an interrupt does, so in-flight work is
-marked interrupted, what was decided is still written, and temporary files are removed; and an interrupt that
-CPython could not raise is not reported as an error.  Imports nothing heavy: the console script's entry
-module uses it during start-up."""
+marked interrupted, what was decided is still written, and temporary files are removed; an interrupt is never
+raised into an import; and one that CPython could not raise is not reported as an error.  Imports nothing the
+`layoutgen` package has not imported already: the console script's entry module uses it during start-up."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
+
+#: How soon a signal deferred out of an import is sent again.  Imports of the CLI's libraries take 0.15-2 s,
+#: so a deferred Ctrl-C ends the run at most this long after the import is over.
+REDELIVERY_S = 0.05
+
+_redeliveries: list[threading.Timer] = []
 
 
 @contextlib.contextmanager
@@ -42,3 +50,30 @@ def swallowed_interrupt_hook(stopped: dict[str, int | None], report: Callable[[A
         report(unraisable)
 
     return hook
+
+
+def inside_import(frame: FrameType | None) -> bool:
+    """Whether `frame` runs under an import: module-level code, and the callbacks of a C extension's
+    initialisation.  A KeyboardInterrupt raised there can abort the process instead of unwinding it: torch's
+    import runs Python from C++ (`torch._C._autograd_init`, through pybind11), and an exception leaving that
+    Python ends in std::terminate (SIGABRT: seen in CI, a SIGTERM 0.5 s into `layoutgen build`)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib."):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def deliver_again_soon(signum: int) -> None:
+    """Send `signum` to this process again in REDELIVERY_S, from a daemon thread: a signal a handler deferred
+    out of an import reaches it again, until it lands outside one."""
+    timer = threading.Timer(REDELIVERY_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    _redeliveries.append(timer)
+    timer.start()
+
+
+def cancel_redeliveries() -> None:
+    """Drop the signals `deliver_again_soon` has not sent yet (the run is ending anyway)."""
+    while _redeliveries:
+        _redeliveries.pop().cancel()

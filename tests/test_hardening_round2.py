@@ -532,9 +532,12 @@ def handlers_installed(pid: int) -> bool | None:
     tell.  The start-up's length varies with the machine's load (0.03 s idle, over 0.5 s under a parallel
     test run), so a moment after exec alone cannot say whether layoutgen was running yet."""
     try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
         status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
     except OSError:
         return None
+    if b"layoutgen.entry" not in command:  # not exec'd yet: the mask is still the test process's
+        return False
     caught = next((line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), None)
     return None if caught is None else bool(int(caught, 16) >> (int(signal.SIGTERM) - 1) & 1)
 
@@ -554,8 +557,8 @@ def landed_before_layoutgen(
         return False
     if returncode != -signum:
         return False
-    if installed is False:  # Python's own handling (a KeyboardInterrupt traceback, or death by SIGTERM)
-        return (signum == signal.SIGTERM and err == "") or "KeyboardInterrupt" in err
+    if installed is False:  # before exec (the default disposition) or Python's own handling (a traceback)
+        return err == "" or "KeyboardInterrupt" in err
     if signum == signal.SIGTERM:
         return err == "" and moment <= TOO_EARLY_FOR_PYTHON_S
     if "KeyboardInterrupt" not in err:
@@ -641,6 +644,65 @@ def test_an_interrupt_landing_in_a_weakref_callback_still_exits_130_with_one_wor
         f"exit {process.returncode}\nstderr: {process.stderr}\nstdout: {process.stdout}"
     )
     assert process.stdout == "went on\n"
+
+
+SIGNAL_IN_AN_IMPORT = """
+import sys, time
+import layoutgen.cli as cli
+
+sys.path.insert(0, ".")
+
+
+@cli.app.command("import-then-wait")
+def import_then_wait():
+    import module_that_is_signalled
+
+    print("imported", module_that_is_signalled.FINISHED, flush=True)
+    time.sleep(30)  # the signal, sent again, ends the run here
+    print("slept")
+
+
+sys.argv = ["layoutgen", "import-then-wait"]
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_inside_an_import_stops_the_run_when_the_import_is_over(signum: int, tmp_path: Path) -> None:
+    """A KeyboardInterrupt raised into an import can abort the process (torch's import calls Python from C++:
+    SIGABRT, seen in CI 0.5 s into a build).  The CLI defers a signal that lands inside an import: the import
+    completes, and the signal, sent again, stops the run with the usual one word."""
+    (tmp_path / "module_that_is_signalled.py").write_text(
+        f"import signal\nsignal.raise_signal({int(signum)})\nsum(range(1000))  # the handler runs here\nFINISHED = True\n"
+    )
+    started = time.monotonic()
+    process = subprocess.run(
+        [sys.executable, "-c", SIGNAL_IN_AN_IMPORT],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=child_env(CUDA_VISIBLE_DEVICES=""),
+        timeout=CHILD_TIMEOUT_S,
+        preexec_fn=_default_stop_signals,
+    )
+    code, word = (130, "interrupted") if signum == signal.SIGINT else (143, "terminated")
+    assert (process.returncode, process.stderr, process.stdout) == (code, f"{word}\n", "imported True\n"), (
+        f"exit {process.returncode}\nstderr: {process.stderr}\nstdout: {process.stdout}"
+    )
+    assert time.monotonic() - started < 20, "the deferred signal was not sent again"
+
+
+def test_inside_import_tells_module_code_from_a_function_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from layoutgen.signals import inside_import
+
+    (tmp_path / "module_asking.py").write_text(
+        "import sys\nfrom layoutgen.signals import inside_import\nANSWER = inside_import(sys._getframe())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import module_asking  # type: ignore[import-not-found]
+
+    assert module_asking.ANSWER is True
+    assert inside_import(sys._getframe()) is False
 
 
 def test_only_the_runs_own_swallowed_interrupt_is_silenced() -> None:

@@ -21,7 +21,7 @@ from layoutgen.cli import families as families_command
 from layoutgen.cli import show as show_command
 from layoutgen.cli import tune as tune_command
 from layoutgen.cli.common import CommandFailed, GuardedStdout, OutputClosed, debug, errors, expand_arguments, say
-from layoutgen.signals import swallowed_interrupt_hook
+from layoutgen.signals import cancel_redeliveries, deliver_again_soon, inside_import, swallowed_interrupt_hook
 from layoutgen.spec import SpecError
 
 __all__ = ["CommandFailed", "app", "main"]
@@ -62,8 +62,11 @@ _stopped: dict[str, int | None] = {"by": None}
 
 def _on_signal(signum: int, frame: Any) -> None:
     # Remember the signal: a library may swallow the KeyboardInterrupt (typer returns 130 outside standalone
-    # mode) or turn it into another error (an import interrupted half-way); the exit says why anyway.
+    # mode) or turn it into another error; the exit says why anyway.
     _stopped["by"] = int(signum)
+    if inside_import(frame):  # raising there can abort the process (layoutgen.signals.inside_import)
+        deliver_again_soon(signum)
+        return
     raise KeyboardInterrupt
 
 
@@ -75,6 +78,7 @@ def _forget_caught_interrupts() -> None:
 
 
 def _exit_stopped() -> NoReturn:
+    cancel_redeliveries()
     terminated = _stopped["by"] == signal.SIGTERM
     say("terminated" if terminated else "interrupted", "red", err=True)
     _forget_caught_interrupts()
@@ -98,6 +102,7 @@ def main() -> None:
     try:
         _run()
     finally:
+        cancel_redeliveries()
         sys.stdout = stdout
         sys.unraisablehook = report
         for stop, handler in previous.items():
