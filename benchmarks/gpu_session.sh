@@ -21,8 +21,13 @@ fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$out/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/device.txt"
-dcp_specs=$(python3 -c "from layoutgen.spec import bundled_specs; print(' '.join(n for n, s in bundled_specs().items() if s.family == 'dcp'))")
-ulysses_specs=$(python3 -c "from layoutgen.spec import bundled_specs; print(' '.join(n for n, s in bundled_specs().items() if s.family == 'ulysses'))")
+# The bundled specs by family (one line each: DCP, Ulysses, DCP with an fp8 wire), from one import.
+{ read -r dcp_specs; read -r ulysses_specs; read -r fp8_specs; } < <(python3 -c "
+from layoutgen.spec import bundled_specs
+specs = bundled_specs().items()
+print(' '.join(n for n, s in specs if s.family == 'dcp'))
+print(' '.join(n for n, s in specs if s.family == 'ulysses'))
+print(' '.join(n for n, s in specs if s.family == 'dcp' and s.fp8))")
 case "$step" in
 tune)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
@@ -42,7 +47,6 @@ bench)
 fp8)
     # 240 s: on a fresh machine the first 120 s compiled and ran only 12 of the 27 tests.
     timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py 2>&1 | tee "$out/gpu_tests_fp8.log" | tail -5
-    fp8_specs=$(python3 -c "from layoutgen.spec import bundled_specs; print(' '.join(n for n, s in bundled_specs().items() if s.family == 'dcp' and s.fp8))")
     timeout 240 python3 -m layoutgen.cli tune --spec $fp8_specs --kernel pack --shape N=2,4,8 --shape H=128 --shape D=512 \
         --bucket 1 64 1024 4096 --db tuning_db --report "$out/tune_dcp_fp8.md" 2>&1 | tail -3
     cp tuning_db/NVIDIA_H200.json "$out/"
@@ -57,7 +61,6 @@ retune)
         --bucket 8 1024 --db tuning_db --report "$out/tune_dcp_h16.md" 2>&1 | tail -2
     timeout 120 python3 -m layoutgen.cli tune --spec $dcp_specs --shape N=2,8 --shape H=32 --shape D=128 \
         --bucket 8 1024 --db tuning_db --report "$out/tune_dcp_d128.md" 2>&1 | tail -2
-    fp8_specs=$(python3 -c "from layoutgen.spec import bundled_specs; print(' '.join(n for n, s in bundled_specs().items() if s.family == 'dcp' and s.fp8))")
     timeout 90 python3 -m layoutgen.cli tune --spec $fp8_specs --kernel combine --shape N=2,4,8 --shape H=128 --shape D=512 \
         --bucket 1 64 1024 4096 --db tuning_db --report "$out/tune_dcp_fp8_combine.md" 2>&1 | tail -2
     cp tuning_db/NVIDIA_H200.json "$out/"

@@ -21,6 +21,7 @@ import torch
 from conftest import CANARY, generated_module, make_spec, render_module, requires_interpreter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_dcp_v2_specs import draw_slots
 
 from layoutgen.dcp import quant, reference
 from layoutgen.dcp.config import PackConfig
@@ -260,15 +261,12 @@ def fp8_spec_data(draw: Any) -> dict[str, Any]:
         scale_axes = ["peer", *[a for a in scale_axes if a != "peer"]]
     if draw(st.booleans()):
         payload["scale_axes"] = scale_axes
-    stats: dict[str, Any] = {"placement": "separate", "axes": stats_axes, **({"form": form} if form else {})}
-    if form == "max_sum":
-        slots = draw(st.integers(2, 3))
-        max_slot, sum_slot = draw(st.permutations(range(slots)))[:2]
-        stats.update(slots=slots, max_slot=max_slot, sum_slot=sum_slot)
-    else:
-        slots = draw(st.integers(1, 2))
-        stats.update(slots=slots, slot=draw(st.integers(0, slots - 1)))
-    data["stats"] = stats
+    data["stats"] = {
+        "placement": "separate",
+        "axes": stats_axes,
+        **({"form": form} if form else {}),
+        **draw_slots(draw, form, 3),
+    }
     return data
 
 

@@ -161,16 +161,18 @@ def v2_spec_data(draw: Any) -> dict[str, Any]:
     stats_axes = draw(st.permutations(STATS_AXES))
     if transport == "all_to_all_single":
         stats_axes = ["peer", *[a for a in stats_axes if a != "peer"]]
-    stats: dict[str, Any] = {"placement": "separate", "form": form, "axes": list(stats_axes)}
-    if form == "max_sum":
-        slots = draw(st.integers(2, 4))
-        max_slot, sum_slot = draw(st.permutations(range(slots)))[:2]
-        stats.update(slots=slots, max_slot=max_slot, sum_slot=sum_slot)
-    else:
-        slots = draw(st.integers(1, 3))
-        stats.update(slots=slots, slot=draw(st.integers(0, slots - 1)))
-    data["stats"] = stats
+    data["stats"] = {"placement": "separate", "form": form, "axes": list(stats_axes), **draw_slots(draw, form, 4)}
     return data
+
+
+def draw_slots(draw: Any, form: str | None, most: int) -> dict[str, int]:
+    """A separate stats buffer's slot fields: up to `most` slots for (max, sum), one fewer for an LSE."""
+    if form == "max_sum":
+        slots = draw(st.integers(2, most))
+        max_slot, sum_slot = draw(st.permutations(range(slots)))[:2]
+        return {"slots": slots, "max_slot": max_slot, "sum_slot": sum_slot}
+    slots = draw(st.integers(1, most - 1))
+    return {"slots": slots, "slot": draw(st.integers(0, slots - 1))}
 
 
 @st.composite

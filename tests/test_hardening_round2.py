@@ -600,6 +600,19 @@ def test_a_signal_during_start_up_exits_130_or_143_with_one_word(signum: int, mo
     assert not any(path.suffix == ".tmp" for path in files_under(tmp_path)), files_under(tmp_path)
 
 
+def run_cli_script(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -c SCRIPT` with SIGINT and SIGTERM at their defaults, as a terminal starts it."""
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=child_env(CUDA_VISIBLE_DEVICES=""),
+        timeout=CHILD_TIMEOUT_S,
+        preexec_fn=_default_stop_signals,
+    )
+
+
 SWALLOWED_INTERRUPT = """
 import signal, sys, weakref
 import layoutgen.cli as cli
@@ -631,15 +644,7 @@ def test_an_interrupt_landing_in_a_weakref_callback_still_exits_130_with_one_wor
     """A Ctrl-C that lands while CPython runs a callback it cannot raise from (importlib's module-lock
     weakref callback in the middle of an import: seen once in CI at 0.5 s of a build) must not print
     "Exception ignored in ..." and a traceback: the run stops at its next step with the one word."""
-    process = subprocess.run(
-        [sys.executable, "-c", SWALLOWED_INTERRUPT],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=child_env(CUDA_VISIBLE_DEVICES=""),
-        timeout=CHILD_TIMEOUT_S,
-        preexec_fn=_default_stop_signals,
-    )
+    process = run_cli_script(SWALLOWED_INTERRUPT, tmp_path)
     assert (process.returncode, process.stderr) == (130, "interrupted\n"), (
         f"exit {process.returncode}\nstderr: {process.stderr}\nstdout: {process.stdout}"
     )
@@ -676,15 +681,7 @@ def test_a_signal_inside_an_import_stops_the_run_when_the_import_is_over(signum:
         f"import signal\nsignal.raise_signal({int(signum)})\nsum(range(1000))  # the handler runs here\nFINISHED = True\n"
     )
     started = time.monotonic()
-    process = subprocess.run(
-        [sys.executable, "-c", SIGNAL_IN_AN_IMPORT],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=child_env(CUDA_VISIBLE_DEVICES=""),
-        timeout=CHILD_TIMEOUT_S,
-        preexec_fn=_default_stop_signals,
-    )
+    process = run_cli_script(SIGNAL_IN_AN_IMPORT, tmp_path)
     code, word = (130, "interrupted") if signum == signal.SIGINT else (143, "terminated")
     assert (process.returncode, process.stderr, process.stdout) == (code, f"{word}\n", "imported True\n"), (
         f"exit {process.returncode}\nstderr: {process.stderr}\nstdout: {process.stdout}"
