@@ -65,7 +65,9 @@ class _Compile:
         return run
 
 
-def compile_config(spec: str, kernel: str, N: int, H: int, D: int, B: int, config: dict[str, int], arch: int) -> Any:
+def compile_config(
+    spec: str, kernel: str, N: int, H: int, D: int, B: int, config: dict[str, int], arch: int, masked: bool = False
+) -> Any:
     import torch
     import triton.runtime.driver
 
@@ -79,6 +81,8 @@ def compile_config(spec: str, kernel: str, N: int, H: int, D: int, B: int, confi
     capacity = capacity_for(B, torch.device("cuda"))  # what the tuner allocates: B rounded up to 16 rows
     job = {"kernel": kernel, "config": config, "N": N, "H": H, "D": D, "dtype": "bfloat16", "batch": B,
            "capacity": capacity}  # fmt: skip
+    if masked:
+        job["pack_forms"] = ((True, False),)  # the launcher compiles the unmasked form first, then this one
     FAMILY.compile_variant(module, job, compiler)
     compiled = compiler.compiled
     return compiled.result() if hasattr(compiled, "result") else compiled
@@ -92,10 +96,11 @@ def main() -> int:
         parser.add_argument(f"--{name}", type=int, required=True)
     parser.add_argument("--config", required=True, help="name=value,... (block_*, num_warps)")
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
+    parser.add_argument("--masked", action="store_true", help="pack with an empty mask (contract v2)")
     parser.add_argument("--sass", type=Path, help="also write the whole disassembly here")
     args = parser.parse_args()
     config = {name: int(value) for name, value in (item.split("=") for item in args.config.split(","))}
-    compiled = compile_config(args.spec, args.kernel, args.N, args.H, args.D, args.B, config, args.arch)
+    compiled = compile_config(args.spec, args.kernel, args.N, args.H, args.D, args.B, config, args.arch, args.masked)
 
     import triton
 

@@ -7,6 +7,13 @@
 #   bash benchmarks/gpu_session.sh retune OUT   the DCP buckets the tune step left out (B 8, 256; H 16; D 128), fp8 combine
 #   bash benchmarks/gpu_session.sh final OUT    the DCP benchmarks again, with the database retune wrote
 #   bash benchmarks/gpu_session.sh fill OUT     the studies retune's time limits cut (vllm_a2a, tuned last), then bench_dcp
+#   bash benchmarks/gpu_session.sh probe OUT    combine's whole space at the points still slower than sglang (rotated and
+#                                               L2-resident), the dispatch check, the large Ulysses sizes with the new tune
+#   bash benchmarks/gpu_session.sh combine OUT  every DCP combine entry again, now also timed L2-resident (its timing hash changed)
+#   bash benchmarks/gpu_session.sh warm OUT     bench_dcp.py's rotated and L2-resident grid with that database
+#   bash benchmarks/gpu_session.sh points OUT   the combine points warm left under sglang, re-tuned with 96 trials; bench_dcp again
+#   bash benchmarks/gpu_session.sh v2 OUT       bench_dcp_v2.py with the re-tuned combine database
+#   bash benchmarks/gpu_session.sh dispatch OUT dispatch picks every entry of the committed database on the GPU
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -79,6 +86,53 @@ fill)
         --bucket 8 1024 --db tuning_db --report "$out/tune_fill_d128.md" 2>&1 | tail -2
     cp tuning_db/NVIDIA_H200.json "$out/"
     timeout 120 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" 2>&1 | tail -2
+    ;;
+probe)
+    # The points bench_dcp.py found slower than sglang: pynccl_a2a and pynccl_a2a_aligned N 8 B 64 L2-resident,
+    # vllm_a2a N 8 B 64 and pynccl_a2a_aligned N 4 B 8 rotated.  The first point is timed twice (a warm-up).
+    for run in pynccl_a2a:--resident pynccl_a2a_aligned:--resident vllm_a2a: pynccl_a2a_aligned:; do
+        spec=${run%%:*} mode=${run#*:}
+        timeout 85 python3 benchmarks/probe_combine.py --module cur=generated/$spec.py --space $mode \
+            --point 4:8:128:512 --point 8:64:128:512 --out "$out/probe_space_${spec}${mode:+_resident}.json" 2>&1 | tail -3
+    done
+    timeout 40 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
+    timeout 150 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -4
+    ;;
+combine)
+    timeout 330 python3 -m layoutgen.cli tune --spec $dcp_specs --kernel combine --shape N=2,4,8 --shape H=128 \
+        --shape D=512 --bucket 1 8 64 256 1024 4096 --db tuning_db --report "$out/tune_combine_h128.md" 2>&1 | tail -2
+    timeout 70 python3 -m layoutgen.cli tune --spec $dcp_specs --kernel combine --shape N=2,8 --shape H=16 --shape D=512 \
+        --bucket 8 1024 --db tuning_db --report "$out/tune_combine_h16.md" 2>&1 | tail -2
+    timeout 70 python3 -m layoutgen.cli tune --spec $dcp_specs --kernel combine --shape N=2,8 --shape H=32 --shape D=128 \
+        --bucket 8 1024 --db tuning_db --report "$out/tune_combine_d128.md" 2>&1 | tail -2
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -3
+    ;;
+warm)
+    # First the 12 studies the combine step's time limits cut (vllm_a2a and trtllm_helix_nccl, tuned last).
+    timeout 60 python3 -m layoutgen.cli tune --spec vllm_a2a trtllm_helix_nccl --kernel combine --shape N=2,8 --shape H=16 \
+        --shape D=512 --bucket 8 1024 --db tuning_db --report "$out/tune_combine_h16_rest.md" 2>&1 | tail -1
+    timeout 60 python3 -m layoutgen.cli tune --spec vllm_a2a trtllm_helix_nccl --kernel combine --shape N=2,8 --shape H=32 \
+        --shape D=128 --bucket 8 1024 --db tuning_db --report "$out/tune_combine_d128_rest.md" 2>&1 | tail -1
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -1
+    timeout 420 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" 2>&1 | tail -4
+    ;;
+points)
+    # warm found combine under sglang at N 8, B 64 (pynccl_a2a_aligned, vllm_a2a) and N 4, B 1 (aligned); the
+    # space has configs faster than sglang in both cache states there that 24 TPE trials did not reach.
+    timeout 120 python3 -m layoutgen.cli tune --spec pynccl_a2a_aligned vllm_a2a --kernel combine --shape N=8 --shape H=128 \
+        --shape D=512 --bucket 64 --trials 96 --retune --db tuning_db --report "$out/tune_combine_n8_b64.md" 2>&1 | tail -1
+    timeout 60 python3 -m layoutgen.cli tune --spec pynccl_a2a_aligned --kernel combine --shape N=4 --shape H=128 \
+        --shape D=512 --bucket 1 --trials 96 --retune --db tuning_db --report "$out/tune_combine_n4_b1.md" 2>&1 | tail -1
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    timeout 300 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" 2>&1 | tail -2
+    ;;
+v2)
+    timeout 330 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -2
+    ;;
+dispatch)
+    timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

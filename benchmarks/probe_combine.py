@@ -5,6 +5,7 @@ rendered from a changed template) over the same small config grid per point, wit
 the reference line.  Every config is checked against `layoutgen.reference` before it is timed; times are
 CUDA-graph replay medians with rotated inputs (`layoutgen.tuning.timing.CudaGraphTimer`).
 
+`--resident` times one input set instead (L2-resident, as `bench_dcp.py --warm` does at B <= 64).
 `--space` times every feasible config of the tuner's search space instead (compiled ahead on the tuner's
 process pool), under the benchmark's input rotation: what the tuner would choose under `bench_dcp.py`'s
 cache conditions, next to sglang.  `--point N:B:H:D` (repeatable) picks the points.
@@ -61,12 +62,20 @@ def space_configs(module: Any, N: int, B: int, H: int, D: int, pool: Any) -> dic
 
 
 def measure_point(
-    modules: dict[str, Any], sglang: Any, timer: CudaGraphTimer, N: int, B: int, H: int, D: int, pool: Any = None
+    modules: dict[str, Any],
+    sglang: Any,
+    timer: CudaGraphTimer,
+    N: int,
+    B: int,
+    H: int,
+    D: int,
+    pool: Any = None,
+    resident: bool = False,
 ) -> dict[str, Any]:
     first = next(iter(modules.values()))
     Hl = H // N
     combine_bytes = B * H * D * 2 + B * H * 4 + B * Hl * D * 2
-    sets = rotating_sets(combine_bytes, device_l2_bytes(0))
+    sets = 1 if resident else rotating_sets(combine_bytes, device_l2_bytes(0))
     outs = [torch.randn(B, H, D, dtype=torch.bfloat16, device="cuda") for _ in range(sets)]
     lses = [torch.randn(B, H, device="cuda") * 4 for _ in range(sets)]
     row: dict[str, Any] = {"spec": first.SPEC_NAME, "N": N, "B": B, "H": H, "D": D}
@@ -115,6 +124,9 @@ def main() -> int:
     parser.add_argument("--module", action="append", required=True, help="LABEL=PATH of a generated module")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--space", action="store_true", help="every feasible config of the tuner's space")
+    parser.add_argument(
+        "--resident", action="store_true", help="one input set (L2-resident), as bench_dcp.py --warm times B <= 64"
+    )
     parser.add_argument("--point", action="append", default=[], metavar="N:B:H:D", help="a point (repeatable)")
     args = parser.parse_args()
     from baselines import load_sglang_dcp_kernels
@@ -134,10 +146,10 @@ def main() -> int:
     # The first timings of a process run fast (notes_H200.md: 1.31 against 1.48 µs for the same config, for
     # about 35 ms), which once made one pass look 14% faster than two at N 2, B 1: time the first point once
     # and throw it away.
-    measure_point(modules, sglang, timer, *points[0], pool)
+    measure_point(modules, sglang, timer, *points[0], pool, args.resident)
     rows: list[dict[str, Any]] = []
     for N, B, H, D in points:
-        row = measure_point(modules, sglang, timer, N, B, H, D, pool)
+        row = measure_point(modules, sglang, timer, N, B, H, D, pool, args.resident)
         rows.append(row)
         line = "  ".join(
             f"{label} best {row[f'{label}_best']:.2f} ({row[f'{label}_best_config']}) default {row[label]['default']:.2f}"
@@ -150,6 +162,7 @@ def main() -> int:
             "torch": torch.__version__,
             "modules": {label: str(path) for label, path in (item.split("=", 1) for item in args.module)},
             "space": args.space,
+            "resident": args.resident,
             "rows": rows,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -101,6 +101,10 @@ class KernelDecl:
     timing: Mapping[str, Any]
     #: True for pure data movement (verified byte for byte), False for arithmetic judged by a tolerance.
     exact: bool = True
+    #: Where one call's bytes fit in the L2, also time every candidate with its inputs L2-resident (one input
+    #: set, as right after the kernel that wrote them) and rank by the geometric mean of the two cache states
+    #: (`layoutgen.tuning.timing.time_states`); other sizes are timed rotated only.
+    resident_timing: bool = False
     #: One line for `layoutgen families` and the verification table.
     summary: str = ""
 

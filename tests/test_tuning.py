@@ -33,7 +33,17 @@ from layoutgen.spec import bundled_specs
 from layoutgen.tuning import claims, context, decision, plan, prepare, runner, search, space
 from layoutgen.tuning.procedure import timing_hash
 from layoutgen.tuning.storage import open_storage
-from layoutgen.tuning.timing import MAX_ROTATING_SETS, WallClockTimer, rotating_sets, summarize
+from layoutgen.tuning.timing import (
+    MAX_ROTATING_SETS,
+    Timing,
+    WallClockTimer,
+    cache_states,
+    combine_states,
+    rotating_sets,
+    summarize,
+    time_interleaved_states,
+    time_states,
+)
 from layoutgen.tuning_db import (
     CPU_INTERPRETER_DEVICE,
     TuningEntry,
@@ -736,3 +746,95 @@ def test_combine_timing_writes_one_output_for_every_rotating_set(tmp_path: Path)
     assert len(launched["combine"]) == MAX_ROTATING_SETS and len(outputs) == 1
     sends = {id(timing_set["bufs"]) for timing_set in launched["pack"]}
     assert len(sends) == MAX_ROTATING_SETS  # pack writes each set's own send buffers
+
+
+def test_only_a_kernel_declared_resident_and_fitting_in_the_l2_is_timed_in_two_cache_states() -> None:
+    l2 = 50 << 20
+    assert cache_states(8, 9 << 20, l2, resident_timing=True) == (1, 8)  # combine N 8, B 64: 9 MiB
+    assert cache_states(2, l2, l2, resident_timing=True) == (1, 2)
+    assert cache_states(2, l2 + 1, l2, resident_timing=True) == (2,)  # one call spills the L2 anyway
+    assert cache_states(1, 3 << 30, l2, resident_timing=True) == (1,)
+    assert cache_states(8, 9 << 20, l2, resident_timing=False) == (8,)
+    assert DCP_FAMILY.kernel("combine").resident_timing and not DCP_FAMILY.kernel("pack").resident_timing
+
+
+def test_resident_timing_changes_only_the_timing_hash_of_the_kernels_that_declare_it() -> None:
+    combine = DCP_FAMILY.kernel("combine")
+    assert timing_hash(combine) != timing_hash(dataclasses.replace(combine, resident_timing=False))
+    pack = DCP_FAMILY.kernel("pack")
+    # The pack entries of the committed database were tuned before resident timing existed and are current.
+    assert timing_hash(pack) == timing_hash(dataclasses.replace(pack, resident_timing=False))
+    assert "resident" not in procedure_of(pack) and "resident" in procedure_of(combine)
+
+
+def procedure_of(kernel: Any) -> dict[str, Any]:
+    from layoutgen.tuning.procedure import timing_procedure
+
+    return timing_procedure(kernel)
+
+
+def test_two_cache_states_combine_as_the_geometric_mean() -> None:
+    resident, rotated = Timing(2.0, 1.5, 2.5, 30, 64), Timing(8.0, 6.0, 10.0, 30, 64)
+    both = combine_states([resident, rotated])
+    assert math.isclose(both.median_us, 4.0) and math.isclose(both.p20_us, 3.0) and math.isclose(both.p80_us, 5.0)
+    assert both.samples == 60 and not both.stopped_early
+    # 10% faster in one state and 10% slower in the other ties with a config even in both.
+    even = combine_states([Timing(3.0, 3.0, 3.0, 1, 1), Timing(5.0, 5.0, 5.0, 1, 1)])
+    uneven = combine_states([Timing(3.3, 3.3, 3.3, 1, 1), Timing(5.0 / 1.1, 5.0 / 1.1, 5.0 / 1.1, 1, 1)])
+    assert math.isclose(even.median_us, uneven.median_us)
+    assert combine_states([rotated]) is rotated
+
+
+class StateTimer:
+    """Makes up a median per input-set count, and records the give-up limit each timing was asked with."""
+
+    def __init__(self, medians: dict[int, float]) -> None:
+        self.medians = medians
+        self.asked: list[tuple[int, float | None]] = []
+
+    def time(self, launch: Any, sets: int, estimated_us: float, give_up_us: float | None = None) -> Timing:
+        self.asked.append((sets, give_up_us))
+        median = self.medians[sets]
+        stopped = give_up_us is not None and median > give_up_us
+        return Timing(median, median, median, 8 if stopped else 30, 1, stopped)
+
+    def time_interleaved(self, launches: list[Any], sets: int, estimated_us: float) -> list[Timing]:
+        return [Timing(self.medians[sets] * launch, self.medians[sets] * launch, self.medians[sets] * launch, 100, 1)
+                for launch in launches]  # fmt: skip
+
+
+def test_time_states_stops_a_candidate_once_it_cannot_beat_the_best_any_more() -> None:
+    timer = StateTimer({1: 3.0, 8: 5.0})
+    timing = time_states(timer, None, (1, 8), 1.0)
+    assert math.isclose(timing.median_us, math.sqrt(15.0)) and not timing.stopped_early
+    assert timer.asked == [(1, None), (8, None)]
+
+    # The best so far is 4.0: the resident 3.0 leaves the rotated state up to 16 / 3 us to stay in the race.
+    timer = StateTimer({1: 3.0, 8: 5.0})
+    assert not time_states(timer, None, (1, 8), 1.0, give_up_us=4.0).stopped_early
+    assert timer.asked == [(1, 4.0), (8, pytest.approx(16.0 / 3.0))]
+    timer = StateTimer({1: 3.0, 8: 6.0})
+    stopped = time_states(timer, None, (1, 8), 1.0, give_up_us=4.0)
+    assert stopped.stopped_early and stopped.median_us > 4.0
+
+    # A resident run already slower than the best stops before the rotated state is timed at all.
+    timer = StateTimer({1: 4.5, 8: 6.0})
+    stopped = time_states(timer, None, (1, 8), 1.0, give_up_us=4.0)
+    assert stopped.stopped_early and timer.asked == [(1, 4.0)]
+
+
+def test_the_final_re_timing_combines_each_launch_over_the_states() -> None:
+    timer = StateTimer({1: 2.0, 8: 8.0})
+    first, second = time_interleaved_states(timer, [1.0, 2.0], (1, 8), 1.0)
+    assert math.isclose(first.median_us, 4.0) and math.isclose(second.median_us, 8.0)
+    (only,) = time_interleaved_states(timer, [1.0], (8,), 1.0)
+    assert math.isclose(only.median_us, 8.0)
+
+
+@requires_interpreter
+def test_a_combine_workload_that_fits_in_the_l2_is_timed_resident_first(tmp_path: Path) -> None:
+    options = tiny_options(tmp_path, kernels=("pack", "combine"), buckets=(3,))
+    pack_target, combine_target = plan.make_targets(options)
+    assert DcpWorkload(combine_target, 3, torch.device("cpu"), l2_bytes=1 << 20).states == (1, MAX_ROTATING_SETS)
+    assert DcpWorkload(pack_target, 3, torch.device("cpu"), l2_bytes=1 << 20).states == (MAX_ROTATING_SETS,)
+    assert DcpWorkload(combine_target, 3, torch.device("cpu"), l2_bytes=0).states == (1,)  # the interpreter

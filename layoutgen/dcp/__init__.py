@@ -53,6 +53,11 @@ COMBINE = KernelDecl(
         "outputs": "one output shared by every rotating set",
     },
     exact=False,
+    # Combine reads what the exchange has just written into the receive buffers, which at small batch is still
+    # in the L2; ranked by rotated inputs alone the tuner kept configs that lose there: pynccl_a2a_aligned
+    # N 8, B 64 took 3.05 us L2-resident (sglang 2.88) where 1 x 16 heads x 128 x 8 warps took 2.59, and
+    # 3.99 against 4.10 rotated (benchmarks/results/archive/probe_space_pynccl_a2a_aligned*_H200.json).
+    resident_timing=True,
     summary="merge the N received partials into [B, H/N, D] (and the merged LSE)",
 )
 

@@ -19,7 +19,7 @@ from layoutgen.tuning.claims import EVALUATED, outcome_of, params_key, result_of
 from layoutgen.tuning.objective import Workload, evaluate
 from layoutgen.tuning.plan import sampler_seed
 from layoutgen.tuning.procedure import timing_hash
-from layoutgen.tuning.timing import Timing
+from layoutgen.tuning.timing import Timing, time_interleaved_states
 
 if TYPE_CHECKING:
     from layoutgen.tuning.search import BucketSearch
@@ -45,6 +45,7 @@ def decide(search: BucketSearch) -> dict[str, Any]:
         "default_config": default.as_dict(),
         "bytes_moved": workload.bytes_moved,
         "sets": workload.sets,
+        "states": list(workload.states),
         "timing_hash": timing_hash(search.target.problem.decl),
         "copy_tbps": search.ctx.copy_tbps,
         "timer": search.ctx.timer.description,
@@ -55,18 +56,18 @@ def decide(search: BucketSearch) -> dict[str, Any]:
     default_problem = _default_problem(search, trials, workload, default)
     finalists = _finalists(search, measured, default)
     incumbent = _database_config(search, measured, default)
-    timer, sets, estimate = search.ctx.timer, workload.sets, workload.estimated_us
+    timer, states, estimate = search.ctx.timer, workload.states, workload.estimated_us
     if default_problem is not None:
         if not finalists:
             final.update(chosen=None, reason=f"no config ran: the default {default} failed: {default_problem}")
         else:
             # The database must not leave dispatch on a default that cannot run; default_us 0 says so.
-            timings = timer.time_interleaved([workload.timing_launch(c) for c in finalists], sets, estimate)
+            timings = time_interleaved_states(timer, [workload.timing_launch(c) for c in finalists], states, estimate)
             best_config, tuned = _fastest(finalists, timings, incumbent, final)
             final.update(chosen="tuned", config=best_config.as_dict(), tuned_us=tuned.median_us, default_us=0.0,
                          reason=f"the default config cannot run ({default_problem})", **_timing_fields(tuned))  # fmt: skip
     elif not finalists:
-        (default_timing,) = timer.time_interleaved([workload.timing_launch(default)], sets, estimate)
+        (default_timing,) = time_interleaved_states(timer, [workload.timing_launch(default)], states, estimate)
         final.update(
             chosen="default",
             config=default.as_dict(),
@@ -75,8 +76,8 @@ def decide(search: BucketSearch) -> dict[str, Any]:
             **_timing_fields(default_timing),
         )
     else:
-        *timings, default_timing = timer.time_interleaved(
-            [workload.timing_launch(c) for c in (*finalists, default)], sets, estimate
+        *timings, default_timing = time_interleaved_states(
+            timer, [workload.timing_launch(c) for c in (*finalists, default)], states, estimate
         )
         final["finalists"] = [
             {"config": c.as_dict(), "median_us": t.median_us} for c, t in zip(finalists, timings, strict=True)

@@ -26,7 +26,7 @@ from layoutgen.config import LaunchConfig
 from layoutgen.tuning.compile import CompileError, CompileJob
 from layoutgen.tuning.problem import Problem
 from layoutgen.tuning.procedure import CAPACITY_ROUNDING
-from layoutgen.tuning.timing import Timing, rotating_sets
+from layoutgen.tuning.timing import Timing, cache_states, rotating_sets, time_states
 
 CANARY = 0xA5
 #: All-ones bytes are NaN in every float dtype: what a kernel must never read.
@@ -100,6 +100,8 @@ class Workload(ABC):
         self.capacity = capacity_for(bucket, device)
         self.bytes_moved = target.bytes_moved(bucket)
         self.sets = rotating_sets(self.bytes_moved, l2_bytes)
+        #: The input-set counts every candidate is timed with (`layoutgen.tuning.timing.cache_states`).
+        self.states = cache_states(self.sets, self.bytes_moved, l2_bytes, self.problem.decl.resident_timing)
         self.estimated_us = ASSUMED_LAUNCH_US + self.bytes_moved / ASSUMED_BYTES_PER_US
 
     @abstractmethod
@@ -160,7 +162,7 @@ def evaluate(
         return Measurement("gate_failed", reason=mismatch, gate_seconds=gate_seconds, compile_wait_seconds=compile_wait)
     started = time.perf_counter()
     try:
-        timing = timer.time(workload.timing_launch(config), workload.sets, workload.estimated_us, give_up_us)
+        timing = time_states(timer, workload.timing_launch(config), workload.states, workload.estimated_us, give_up_us)
     except Exception as error:
         if not _is_candidate_error(error):
             raise

@@ -208,7 +208,9 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
             header += [
                 "",
                 f"Timing: CUDA-graph replays, median per call; inputs rotate over up to {MAX_ROTATING_SETS} sets "
-                "while one call's bytes fit in twice the L2 cache. \"tuned µs\" is the recorded config's median from "
+                "while one call's bytes fit in twice the L2 cache; a kernel declared with `resident_timing` "
+                "is also timed from one L2-resident set where a call fits in the L2, and its µs there are "
+                'the geometric mean of the two states. "tuned µs" is the recorded config\'s median from '
                 'the final interleaved re-timing with the default; "kept" says which config the database holds.',
             ]
         write_report(Path(options.report), markdown(rows, header, timed=timed) + "\n")

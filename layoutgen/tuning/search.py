@@ -250,6 +250,7 @@ class BucketSearch:
                 samples=timing.samples,
                 calls=timing.calls,
                 sets=self.workload().sets,
+                states=list(self.workload().states),
                 stopped_early=timing.stopped_early,
             )
         if measurement.reason:

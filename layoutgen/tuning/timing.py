@@ -17,10 +17,12 @@ launch; the numbers only exercise the pipeline.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -47,6 +49,14 @@ def rotating_sets(bytes_per_call: int, l2_bytes: int) -> int:
     MAX_ROTATING_SETS."""
     wanted = -(-ROTATE_L2_MULTIPLE * l2_bytes // max(1, bytes_per_call))
     return max(1, min(MAX_ROTATING_SETS, wanted))
+
+
+def cache_states(sets: int, bytes_per_call: int, l2_bytes: int, resident_timing: bool) -> tuple[int, ...]:
+    """The input-set counts a candidate is timed with: the rotation alone, or for a kernel declared with
+    `resident_timing` whose call fits in the L2, one set (L2-resident) first and then the rotation."""
+    if resident_timing and sets > 1 and bytes_per_call <= l2_bytes:
+        return (1, sets)
+    return (sets,)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,53 @@ def summarize(samples_us: Sequence[float], calls: int, stopped_early: bool = Fal
         return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
     return Timing(statistics.median(ordered), percentile(0.2), percentile(0.8), len(ordered), calls, stopped_early)
+
+
+def combine_states(timings: Sequence[Timing]) -> Timing:
+    """One timing for several cache states: the geometric mean of their medians (and of their p20s and
+    p80s), so that a config 10% faster in one state and 10% slower in the other ties."""
+    if len(timings) == 1:
+        return timings[0]
+
+    def mean(values: Sequence[float]) -> float:
+        return math.exp(statistics.fmean(math.log(max(value, 1e-9)) for value in values))
+
+    return Timing(
+        mean([t.median_us for t in timings]),
+        mean([t.p20_us for t in timings]),
+        mean([t.p80_us for t in timings]),
+        sum(t.samples for t in timings),
+        timings[0].calls,
+        any(t.stopped_early for t in timings),
+    )
+
+
+def time_states(
+    timer: Any, launch: Launch, states: Sequence[int], estimated_us: float, give_up_us: float | None = None
+) -> Timing:
+    """`timer.time` in every cache state of `states` (`cache_states`), combined by `combine_states`.
+
+    A candidate stops as soon as it cannot beat `give_up_us` any more: the first state (L2-resident, the
+    faster one) alone over it, or the two together.  A stopped candidate's timing is what was measured,
+    marked `stopped_early`; it only has to rank behind the best."""
+    timings: list[Timing] = []
+    for index, sets in enumerate(states):
+        limit = give_up_us
+        if give_up_us is not None and timings:
+            limit = give_up_us ** (index + 1) / math.prod(t.median_us for t in timings)
+        timing = timer.time(launch, sets, estimated_us, limit)
+        timings.append(timing)
+        if timing.stopped_early:
+            break
+    return combine_states(timings)
+
+
+def time_interleaved_states(
+    timer: Any, launches: Sequence[Launch], states: Sequence[int], estimated_us: float
+) -> list[Timing]:
+    """`timer.time_interleaved` in every cache state of `states`, combined per launch by `combine_states`."""
+    per_state = [timer.time_interleaved(launches, sets, estimated_us) for sets in states]
+    return [combine_states([timings[which] for timings in per_state]) for which in range(len(launches))]
 
 
 def calls_per_graph(estimated_us: float, sets: int) -> int:
