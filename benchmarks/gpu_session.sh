@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu_session.sh points OUT   the combine points warm left under sglang, re-tuned with 96 trials; bench_dcp again
 #   bash benchmarks/gpu_session.sh v2 OUT       bench_dcp_v2.py with the re-tuned combine database
 #   bash benchmarks/gpu_session.sh dispatch OUT dispatch picks every entry of the committed database on the GPU
+#   bash benchmarks/gpu_session.sh ulysses OUT  bench_ulysses.py's large sizes, every variant writing one output
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -130,6 +131,9 @@ points)
     ;;
 v2)
     timeout 330 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -2
+    ;;
+ulysses)
+    timeout 200 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -2
     ;;
 dispatch)
     timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2

@@ -253,7 +253,10 @@ class Family(ABC):
         return {
             "family": self.name,
             "summary": self.summary,
-            "kernels": {k.name: k.summary for k in self.kernels},
+            "kernels": {
+                k.name: k.summary + ("; tuned L2-resident and rotated" if k.resident_timing else "")
+                for k in self.kernels
+            },
             "key": [*self.key_extents, "dtype", self.bucket.name],
             "grid": {axis.name: list(axis.defaults) for axis in (*self.grid_axes, self.bucket)},
         }

@@ -363,10 +363,12 @@ def test_a_closed_pipe_ends_every_printing_command_with_exit_0(
 def test_output_and_help_fit_80_columns(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from layoutgen.tuning import plan
+    from layoutgen.tuning import plan, prepare  # noqa: F401  (prepare binds the real search_plan first)
 
     monkeypatch.setenv("COLUMNS", str(WIDTH))  # click sizes help to the terminal
     # The widest cell a study can print, without enumerating every space (tests/test_tuning.py checks those).
+    # prepare is imported above: imported first under the stub, it would keep the stub for the rest of the
+    # process (`from ... import search_plan`), and a later `tune --interpret` in this worker would plan with it.
     monkeypatch.setattr(plan, "search_plan", lambda problem, bucket, options: plan.SearchPlan("tpe", 99999, 9999))
     commands = {
         "tune --dry-run": ["tune", "--dry-run"],
@@ -378,11 +380,11 @@ def test_output_and_help_fit_80_columns(
         code, outputs[name], err = run_main(args, capsys, monkeypatch)
         assert code == 0, f"{name}: {err}"
         assert_fits(outputs[name])
-    plan = outputs["tune --dry-run"]
+    dry_run = outputs["tune --dry-run"]
     for spec in bundled_specs().values():
         for kernel in get_family(spec.family).kernels:
-            assert any(line.startswith(f"{spec.name} {kernel.name} ") for line in plan.splitlines()), spec.name
-    assert "studies," in plan.splitlines()[-2]
+            assert any(line.startswith(f"{spec.name} {kernel.name} ") for line in dry_run.splitlines()), spec.name
+    assert "studies," in dry_run.splitlines()[-2]
     helps = "\n".join(text for name, text in outputs.items() if name.endswith("--help"))
     assert "<bool>" not in helps and "<list[" not in helps and "\\[" not in helps  # flags as flags, values named
     assert "layoutgen[plot]" in outputs["show --help"]

@@ -270,7 +270,7 @@ def test_the_tuning_commands_plan_with_dry_run(
     """Each command as written plus `--dry-run`: its options, specs and grid are valid.  Each study's search
     plan is stubbed (enumerating every space of the default grids takes seconds; tests/test_tuning.py checks
     the plans)."""
-    from layoutgen.tuning import plan
+    from layoutgen.tuning import plan, prepare  # noqa: F401  (prepare binds the real search_plan before the stub)
 
     monkeypatch.setattr(plan, "search_plan", lambda problem, bucket, options: plan.SearchPlan("tpe", 100, 24))
     commands = [line.split("#")[0].split() for line in block("Tuning", "bash").splitlines() if line.strip()]
