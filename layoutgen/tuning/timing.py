@@ -121,7 +121,7 @@ def time_states(
     for index, sets in enumerate(states):
         limit = give_up_us
         if give_up_us is not None and timings:
-            limit = give_up_us ** (index + 1) / math.prod(t.median_us for t in timings)
+            limit = give_up_us ** (index + 1) / max(math.prod(t.median_us for t in timings), 1e-9)
         timing = timer.time(launch, sets, estimated_us, limit)
         timings.append(timing)
         if timing.stopped_early:
