@@ -18,6 +18,8 @@ GPU, tables only (written after every bucket, so an interrupted run keeps what i
     python benchmarks/tuner_quality.py --tables-only --out $OUT
 anywhere, the replay and the report from saved tables (CPU only, no GPU needed):
     python benchmarks/tuner_quality.py --replay $OUT/tuner_quality_tables.json --out benchmarks/results
+or from `probe_combine.py --space` runs, each config's geometric mean over them (e.g. rotated and --resident):
+    python benchmarks/tuner_quality.py --from-probes rotated.json resident.json --out $OUT
 CPU smoke test (meaningless timings, tiny shapes):
     TRITON_INTERPRET=1 python benchmarks/tuner_quality.py --interpret --seeds 2 --out /tmp/tq
 """
@@ -294,6 +296,47 @@ def replay_tables(tables: dict[str, Any], args: argparse.Namespace) -> list[dict
     return results
 
 
+def tables_from_probes(paths: list[Path]) -> dict[str, Any]:
+    """Truth tables from `probe_combine.py --space` runs of one module each: per (spec, N, B, H, D) they all
+    timed, each config's geometric mean over the runs (a rotated run and a `--resident` one: the ranking of
+    a kernel declared with `resident_timing`).  No GPU needed."""
+    from layoutgen.tuning.plan import make_targets
+    from layoutgen.tuning.space import bind
+
+    runs = []
+    for path in paths:
+        try:
+            probe = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise SystemExit(f"--from-probes {path}: cannot read the probe: {error}") from None
+        if not probe.get("space") or len(probe.get("modules", {})) != 1:
+            raise SystemExit(f"--from-probes {path}: not a `probe_combine.py --space` run of one module")
+        (label,) = probe["modules"]
+        runs.append((probe, {(r["spec"], r["N"], r["B"], r["H"], r["D"]): r[label] for r in probe["rows"]}))
+    buckets = []
+    for key in sorted(set.intersection(*(set(times) for _, times in runs))):
+        spec, N, B, H, D = key
+        (target,) = make_targets(case_options(spec, "combine", N, H, D, False))
+        bound = bind(target.problem, B)
+        table = []
+        for config in bound.feasible():
+            name = "x".join(str(value) for value in config.as_dict().values())  # probe_combine's names
+            per_run = [timed[key].get(name) for _, timed in runs]
+            us = math.exp(statistics.fmean(map(math.log, per_run))) if None not in per_run else None
+            table.append({"params": bound.to_params(config), "us": us})
+        default_us = math.exp(statistics.fmean(math.log(timed[key]["default"]) for _, timed in runs))
+        states = " and ".join("L2-resident" if probe.get("resident") else "rotated" for probe, _ in runs)
+        buckets.append({
+            "case": f"{spec} combine N={N} H/N={H // N} D={D} bfloat16 B={B} (geomean of {states})",
+            "spec": spec, "kernel": "combine", "N": N, "H": H, "D": D, "batch": B, "seconds": 0.0, "failures": {},
+            "default": target.default_config(B).as_dict(), "default_us": default_us, "table": table,
+        })  # fmt: skip
+    first = runs[0][0]
+    meta = {"device": first["device"], "compute_capability": "", "versions": {"torch": first["torch"]},
+            "date": first["date"][:10], "copy_tbps": None, "timer": "CUDA-graph replays", "interpret": False}  # fmt: skip
+    return {"meta": meta, "buckets": buckets, "complete": True}
+
+
 def write_report(tables: dict[str, Any], args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
     """JSON and markdown of the buckets replayed so far."""
     report = {
@@ -319,7 +362,19 @@ def main() -> int:
     phase = parser.add_mutually_exclusive_group()
     phase.add_argument("--tables-only", action="store_true", help="measure the truth tables, skip the replay")
     phase.add_argument("--replay", type=Path, metavar="TABLES_JSON", help="replay saved tables (no GPU needed)")
+    phase.add_argument(
+        "--from-probes",
+        type=Path,
+        nargs="+",
+        metavar="PROBE_JSON",
+        help="build the tables from probe_combine.py --space runs (geomean over them), save and replay them",
+    )
     args = parser.parse_args()
+    if args.from_probes:
+        tables = tables_from_probes(args.from_probes)
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_json(args.out / "tuner_quality_tables_probes.json", tables)
+        args.replay = args.out / "tuner_quality_tables_probes.json"
     if args.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     if args.replay is not None:

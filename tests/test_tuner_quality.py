@@ -65,3 +65,41 @@ def test_replay_refuses_a_table_from_another_search_space(tmp_path: Path) -> Non
     result = replay("--replay", str(tables), "--out", str(tmp_path / "out"))
     assert result.returncode != 0 and "does not match today's search space" in result.stderr
     assert not (tmp_path / "out" / "tuner_quality.json").exists()
+
+
+def synthetic_probe(tmp_path: Path, name: str, resident: bool, scale: float) -> Path:
+    """A `probe_combine.py --space` run over the real space of one point, every config timed."""
+    module = layoutgen.load("vllm_a2a")
+    problem = dcp_problem(module.SPEC, "combine", 4, 32, 512, "bfloat16")
+    configs = space.bind(problem, 8).feasible()
+    times = {"x".join(str(v) for v in c.as_dict().values()): scale * (3.0 + i / 100) for i, c in enumerate(configs)}
+    times["default"] = scale * 4.0
+    row = {"spec": "vllm_a2a", "N": 4, "B": 8, "H": 128, "D": 512, "cur": times, "sglang": 1.0}
+    probe = {"date": "2026-12-01T14:00:00+00:00", "device": "synthetic", "torch": "2.11", "space": True}
+    probe |= {"resident": resident, "modules": {"cur": "generated/vllm_a2a.py"}, "rows": [row]}
+    path = tmp_path / name
+    path.write_text(json.dumps(probe), encoding="utf-8")
+    return path
+
+
+def test_tables_from_two_probes_hold_each_configs_geometric_mean(tmp_path: Path) -> None:
+    rotated = synthetic_probe(tmp_path, "rotated.json", False, 4.0)
+    resident = synthetic_probe(tmp_path, "resident.json", True, 1.0)
+    result = replay("--from-probes", str(rotated), str(resident), "--seeds", "1", "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    tables = json.loads((tmp_path / "out" / "tuner_quality_tables_probes.json").read_text(encoding="utf-8"))
+    (bucket,) = tables["buckets"]
+    assert bucket["case"].endswith("(geomean of rotated and L2-resident)") and bucket["batch"] == 8
+    assert abs(bucket["default_us"] - 8.0) < 1e-9  # sqrt(16 * 4)
+    assert abs(min(row["us"] for row in bucket["table"]) - 6.0) < 1e-9  # sqrt(12 * 3)
+    (case,) = json.loads((tmp_path / "out" / "tuner_quality.json").read_text(encoding="utf-8"))["cases"]
+    assert abs(case["optimum_us"] - 6.0) < 1e-9
+
+
+def test_from_probes_refuses_a_probe_that_did_not_time_the_space(tmp_path: Path) -> None:
+    probe = synthetic_probe(tmp_path, "probe.json", False, 1.0)
+    data = json.loads(probe.read_text(encoding="utf-8"))
+    data["space"] = False
+    probe.write_text(json.dumps(data), encoding="utf-8")
+    result = replay("--from-probes", str(probe), "--out", str(tmp_path / "out"))
+    assert result.returncode != 0 and "not a `probe_combine.py --space` run of one module" in result.stderr
