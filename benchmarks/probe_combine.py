@@ -44,6 +44,11 @@ CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 2), (2, 512, 4))
 POINTS = [(N, B, 128, 512) for N in (2, 8) for B in (1, 8, 64, 256)] + [(4, 8, 128, 512), (8, 8, 32, 128)]
 
 
+def config_name(config: Any) -> str:
+    """A config's label in this probe's rows: its fields' values joined by "x" (block_batch first)."""
+    return "x".join(str(value) for value in config.as_dict().values())
+
+
 def space_configs(module: Any, N: int, B: int, H: int, D: int, pool: Any) -> dict[str, CombineConfig]:
     """Every feasible config of the tuner's combine space at this point, compiled ahead on `pool`."""
     from layoutgen.dcp import FAMILY
@@ -58,7 +63,7 @@ def space_configs(module: Any, N: int, B: int, H: int, D: int, pool: Any) -> dic
     for future in [pool.submit(workload.compile_job(config)) for config in feasible]:
         if future is not None:
             future.result()
-    return {"x".join(str(v) for v in config.as_dict().values()): config for config in feasible}
+    return {config_name(config): config for config in feasible}
 
 
 def measure_point(

@@ -300,6 +300,8 @@ def tables_from_probes(paths: list[Path]) -> dict[str, Any]:
     """Truth tables from `probe_combine.py --space` runs of one module each: per (spec, N, B, H, D) they all
     timed, each config's geometric mean over the runs (a rotated run and a `--resident` one: the ranking of
     a kernel declared with `resident_timing`).  No GPU needed."""
+    from probe_combine import config_name
+
     from layoutgen.tuning.plan import make_targets
     from layoutgen.tuning.space import bind
 
@@ -320,11 +322,10 @@ def tables_from_probes(paths: list[Path]) -> dict[str, Any]:
         bound = bind(target.problem, B)
         table = []
         for config in bound.feasible():
-            name = "x".join(str(value) for value in config.as_dict().values())  # probe_combine's names
-            per_run = [timed[key].get(name) for _, timed in runs]
-            us = math.exp(statistics.fmean(map(math.log, per_run))) if None not in per_run else None
+            per_run = [timed[key].get(config_name(config)) for _, timed in runs]
+            us = statistics.geometric_mean(per_run) if None not in per_run else None
             table.append({"params": bound.to_params(config), "us": us})
-        default_us = math.exp(statistics.fmean(math.log(timed[key]["default"]) for _, timed in runs))
+        default_us = statistics.geometric_mean([timed[key]["default"] for _, timed in runs])
         states = " and ".join("L2-resident" if probe.get("resident") else "rotated" for probe, _ in runs)
         buckets.append({
             "case": f"{spec} combine N={N} H/N={H // N} D={D} bfloat16 B={B} (geomean of {states})",

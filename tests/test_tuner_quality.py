@@ -13,6 +13,9 @@ import layoutgen
 from layoutgen.tuning import space
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from probe_combine import config_name  # noqa: E402
 
 
 def synthetic_tables(tmp_path: Path) -> Path:
@@ -72,7 +75,7 @@ def synthetic_probe(tmp_path: Path, name: str, resident: bool, scale: float) -> 
     module = layoutgen.load("vllm_a2a")
     problem = dcp_problem(module.SPEC, "combine", 4, 32, 512, "bfloat16")
     configs = space.bind(problem, 8).feasible()
-    times = {"x".join(str(v) for v in c.as_dict().values()): scale * (3.0 + i / 100) for i, c in enumerate(configs)}
+    times = {config_name(config): scale * (3.0 + i / 100) for i, config in enumerate(configs)}
     times["default"] = scale * 4.0
     row = {"spec": "vllm_a2a", "N": 4, "B": 8, "H": 128, "D": 512, "cur": times, "sglang": 1.0}
     probe = {"date": "2026-12-01T14:00:00+00:00", "device": "synthetic", "torch": "2.11", "space": True}

@@ -31,7 +31,7 @@ from layoutgen.dcp.config import CombineConfig, PackConfig
 from layoutgen.dcp.workload import DcpWorkload
 from layoutgen.spec import bundled_specs
 from layoutgen.tuning import claims, context, decision, plan, prepare, runner, search, space
-from layoutgen.tuning.procedure import timing_hash
+from layoutgen.tuning.procedure import timing_hash, timing_procedure
 from layoutgen.tuning.storage import open_storage
 from layoutgen.tuning.timing import (
     MAX_ROTATING_SETS,
@@ -764,13 +764,7 @@ def test_resident_timing_changes_only_the_timing_hash_of_the_kernels_that_declar
     pack = DCP_FAMILY.kernel("pack")
     # The pack entries of the committed database were tuned before resident timing existed and are current.
     assert timing_hash(pack) == timing_hash(dataclasses.replace(pack, resident_timing=False))
-    assert "resident" not in procedure_of(pack) and "resident" in procedure_of(combine)
-
-
-def procedure_of(kernel: Any) -> dict[str, Any]:
-    from layoutgen.tuning.procedure import timing_procedure
-
-    return timing_procedure(kernel)
+    assert "resident" not in timing_procedure(pack) and "resident" in timing_procedure(combine)
 
 
 def test_two_cache_states_combine_as_the_geometric_mean() -> None:

@@ -97,7 +97,7 @@ def combine_states(timings: Sequence[Timing]) -> Timing:
         return timings[0]
 
     def mean(values: Sequence[float]) -> float:
-        return math.exp(statistics.fmean(math.log(max(value, 1e-9)) for value in values))
+        return statistics.geometric_mean([max(value, 1e-9) for value in values])  # a gate-only timing is 0
 
     return Timing(
         mean([t.median_us for t in timings]),
