@@ -15,6 +15,15 @@
 #   bash benchmarks/gpu_session.sh v2 OUT       bench_dcp_v2.py with the re-tuned combine database
 #   bash benchmarks/gpu_session.sh dispatch OUT dispatch picks every entry of the committed database on the GPU
 #   bash benchmarks/gpu_session.sh ulysses OUT  bench_ulysses.py's large sizes, every variant writing one output
+#   bash benchmarks/gpu_session.sh mask OUT     three ways for the masked pack to write empty rows, against the unmasked
+#                                               pack (interleaved); bench_ulysses.py's small sizes under the one-output rule
+#   bash benchmarks/gpu_session.sh threshold OUT the contract-v2 GPU tests; the masked pack's two forms from 1 to 8 MiB
+#                                               read, every 4th request empty and none (where the launcher switches)
+#   bash benchmarks/gpu_session.sh pack OUT      every DCP pack entry of the lse and (max, sum) specs again (the masked
+#                                               pack's launcher changed its kernel's source hash), the dispatch check
+#   bash benchmarks/gpu_session.sh dcp OUT       bench_dcp.py's rotated and L2-resident grid alone (after pack: v2, then dcp)
+#   bash benchmarks/gpu_session.sh space OUT     the masked pack over 48 configs of the space at B <= 8 points still over 3%
+#   bash benchmarks/gpu_session.sh gpu OUT       every GPU test
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -137,6 +146,44 @@ ulysses)
     ;;
 dispatch)
     timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
+    ;;
+mask)
+    timeout 300 python3 benchmarks/probe_pack_mask.py --quick --spec pynccl_a2a --spec vllm_a2a --spec flashinfer_mnnvl \
+        --spec trtllm_helix_native_v1 --out "$out/probe_pack_mask_H200.json" 2>&1 | tail -4
+    timeout 200 python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -2
+    ;;
+threshold)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_v2_gpu.py 2>&1 | tee "$out/gpu_tests_v2.log" | tail -3
+    points=""
+    for N in 2 8; do
+        for B in 8 16 24 32 48 64; do points="$points --point $N:$B:128:512"; done
+        for B in 64 128 256 512; do points="$points --point $N:$B:16:512"; done
+        for B in 128 256 512 1024; do points="$points --point $N:$B:32:128"; done
+    done
+    timeout 400 python3 benchmarks/probe_pack_mask.py --spec pynccl_a2a --spec flashinfer_mnnvl --spec trtllm_helix_native_v1 \
+        $points --empty-every 4 --empty-every 0 --out "$out/probe_pack_mask_threshold_H200.json" 2>&1 | tail -3
+    ;;
+pack)
+    lse_specs=$(for spec in $dcp_specs; do case " $fp8_specs " in *" $spec "*) ;; *) printf '%s ' "$spec" ;; esac; done)
+    timeout 330 python3 -m layoutgen.cli tune --spec $lse_specs --kernel pack --shape N=2,4,8 --shape H=128 \
+        --shape D=512 --bucket 1 8 64 256 1024 4096 --db tuning_db --report "$out/tune_pack_h128.md" 2>&1 | tail -2
+    timeout 80 python3 -m layoutgen.cli tune --spec $lse_specs --kernel pack --shape N=2,8 --shape H=16 --shape D=512 \
+        --bucket 8 1024 --db tuning_db --report "$out/tune_pack_h16.md" 2>&1 | tail -2
+    timeout 80 python3 -m layoutgen.cli tune --spec $lse_specs --kernel pack --shape N=2,8 --shape H=32 --shape D=128 \
+        --bucket 8 1024 --db tuning_db --report "$out/tune_pack_d128.md" 2>&1 | tail -2
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -3
+    timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
+    ;;
+dcp)
+    timeout 540 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" 2>&1 | tail -3
+    ;;
+space)
+    timeout 420 python3 benchmarks/probe_pack_mask.py --space --sample 48 --spec trtllm_helix_nccl --spec flashinfer_mnnvl \
+        --point 8:1:128:512 --point 4:8:128:512 --point 8:8:16:512 --out "$out/probe_pack_mask_space_H200.json" 2>&1 | tail -8
+    ;;
+gpu)
+    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -4
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.
