@@ -24,6 +24,9 @@
 #   bash benchmarks/gpu_session.sh dcp OUT       bench_dcp.py's rotated and L2-resident grid alone (after pack: v2, then dcp)
 #   bash benchmarks/gpu_session.sh space OUT     the masked pack over 48 configs of the space at B <= 8 points still over 3%
 #   bash benchmarks/gpu_session.sh gpu OUT       every GPU test
+#   bash benchmarks/gpu_session.sh exhaustive OUT pynccl_a2a_aligned combine at N 8, B 64 over its whole space (the probes
+#                                               hold a config faster than sglang rotated and L2-resident there that TPE
+#                                               missed); bench_dcp.py on that layout alone
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -184,6 +187,14 @@ space)
     ;;
 gpu)
     timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -4
+    ;;
+exhaustive)
+    timeout 300 python3 -m layoutgen.cli tune --spec pynccl_a2a_aligned --kernel combine --shape N=8 --shape H=128 \
+        --shape D=512 --bucket 64 --exhaustive-limit 1000 --retune --db tuning_db \
+        --report "$out/tune_combine_aligned_n8_b64_exhaustive.md" 2>&1 | tail -2
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -1
+    timeout 150 python3 benchmarks/bench_dcp.py --quick --warm --specs pynccl_a2a_aligned --out "$out" 2>&1 | tail -2
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.
