@@ -16,10 +16,11 @@ empties every K-th request (0: none empty, a mask of all False); `--point N:B:H:
 `bench_dcp_v2.py`'s grid.
 
 Usage (GPU): python benchmarks/probe_pack_mask.py --out /tmp/probe.json [--spec S ...] [--quick] [--point ...]
-Earlier runs: benchmarks/results/archive/probe_pack_mask_*_H200.json.  The first, `_forms_`, was made before
-the launcher chose between the forms (by this script's first version, which rewrote the generated module's
-text); it also timed a third form, one store of `where(empty, 0, values)`: slower than `stores` at 48 of 80
-points, by up to 12%.
+Earlier runs: benchmarks/results/archive/probe_pack_mask*_H200.json.  The first, `probe_pack_mask_H200.json`,
+was made before the launcher chose between the forms (by this script's first version, which rewrote the
+generated module's text); it also timed a third form, one store of `where(empty, 0, values)`: slower than
+`stores` at 48 of 80 points, by up to 12%.  `--space` times the masked pack over the tuner's space instead
+(`--sample K` configs of it per point) and re-times the best against the database's config, interleaved.
 """
 
 from __future__ import annotations

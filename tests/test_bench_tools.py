@@ -66,3 +66,35 @@ def test_the_floor_kernel_xors_its_sources_and_writes_nothing_past_the_count(sou
         want ^= source[index]
     assert torch.equal(destination[:count], want)
     assert torch.equal(destination[count:], torch.full((28,), 0x5A5A5A5A, dtype=torch.int32))
+
+
+@requires_interpreter
+def test_the_mask_probe_forces_each_form_and_checks_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import probe_pack_mask
+    from bench_dcp_v2 import Bench
+
+    import layoutgen
+
+    bench = Bench(True, None)
+    module = layoutgen.load("pynccl_a2a")
+    threshold = module._SKIP_EMPTY_READS_BYTES
+    launch = module._launch_pack
+    thresholds: list[int] = []
+
+    def recording(*args: object, **kwargs: object) -> None:
+        thresholds.append(module._SKIP_EMPTY_READS_BYTES)
+        launch(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_launch_pack", recording)
+    row = probe_pack_mask.measure(bench, module, 2, 5, 4, 8, 4)
+    assert set(row["us"]) == {"unmasked", "stores", "skip"}
+    assert set(thresholds) == {threshold, *probe_pack_mask.FORMS.values()}
+    assert threshold == module._SKIP_EMPTY_READS_BYTES  # put back after every launch
+
+    def skips_the_skip_form(*args: object, **kwargs: object) -> None:
+        if module._SKIP_EMPTY_READS_BYTES != 0:
+            launch(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_launch_pack", skips_the_skip_form)
+    with pytest.raises(AssertionError, match="skip pack differs from the reference"):
+        probe_pack_mask.measure(bench, module, 2, 5, 4, 8, 4)
