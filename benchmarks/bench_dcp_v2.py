@@ -127,6 +127,20 @@ def _filled(bufs: Any) -> Any:
     return bufs
 
 
+def pack_inputs(
+    bench: Bench, module: Any, N: int, B: int, H: int, D: int, empty_every: int = 4
+) -> tuple[int, int, list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """A pack point's bytes moved, rotating set count, bf16 `out` and `lse` per set, and its empty mask: every
+    `empty_every`-th request empty (0: none, a mask of all False)."""
+    nbytes = bench.bytes_moved(module, "pack", N, H, D, B)
+    sets = bench.sets(nbytes)
+    outs = [torch.randn(B, H, D, dtype=torch.bfloat16, device=bench.device) for _ in range(sets)]
+    lses = [torch.randn(B, H, device=bench.device) * 4 for _ in range(sets)]
+    rows = torch.arange(B, device=bench.device)
+    empty = rows % empty_every == empty_every - 1 if empty_every else torch.zeros_like(rows, dtype=torch.bool)
+    return nbytes, sets, outs, lses, empty
+
+
 def masked_pack(bench: Bench, name: str, sglang: Any, N: int, B: int, H: int, D: int) -> dict[str, Any]:
     """Unmasked and masked pack of one spec with one config; sglang plus two `torch.where` beside them."""
     import layoutgen
@@ -134,11 +148,7 @@ def masked_pack(bench: Bench, name: str, sglang: Any, N: int, B: int, H: int, D:
 
     module = layoutgen.load(name)
     device, dtype = bench.device, torch.bfloat16
-    nbytes = bench.bytes_moved(module, "pack", N, H, D, B)
-    sets = bench.sets(nbytes)
-    outs = [torch.randn(B, H, D, dtype=dtype, device=device) for _ in range(sets)]
-    lses = [torch.randn(B, H, device=device) * 4 for _ in range(sets)]
-    empty = torch.arange(B, device=device) % 4 == 3
+    nbytes, sets, outs, lses, empty = pack_inputs(bench, module, N, B, H, D)
     sends = [_filled(module.alloc(N, B, H, D, dtype, device)) for _ in range(sets)]
     config, source = bench.config(module, "pack", N, H, D, B)
     row: dict[str, Any] = {"spec": name, "N": N, "B": B, "H": H, "D": D, "config": source, "bytes": nbytes}

@@ -48,6 +48,18 @@ specs = bundled_specs().items()
 print(' '.join(n for n, s in specs if s.family == 'dcp'))
 print(' '.join(n for n, s in specs if s.family == 'ulysses'))
 print(' '.join(n for n, s in specs if s.family == 'dcp' and s.fp8))")
+# One DCP kernel over the grid the re-tunes below cover: H 128 / D 512 at N 2, 4, 8 and buckets 1 ... 4096, then
+# H 16 / D 512 and H 32 / D 128 at N 2, 8 and buckets 8, 1024; reports $out/REPORT_{h128,h16,d128}.md.
+#   tune_dcp_grid KERNEL REPORT "SPECS" SECONDS_H128 SECONDS_EACH_SMALL
+tune_dcp_grid() {
+    local kernel=$1 report=$2 specs=$3
+    timeout "$4" python3 -m layoutgen.cli tune --spec $specs --kernel "$kernel" --shape N=2,4,8 --shape H=128 \
+        --shape D=512 --bucket 1 8 64 256 1024 4096 --db tuning_db --report "$out/${report}_h128.md" 2>&1 | tail -2
+    timeout "$5" python3 -m layoutgen.cli tune --spec $specs --kernel "$kernel" --shape N=2,8 --shape H=16 --shape D=512 \
+        --bucket 8 1024 --db tuning_db --report "$out/${report}_h16.md" 2>&1 | tail -2
+    timeout "$5" python3 -m layoutgen.cli tune --spec $specs --kernel "$kernel" --shape N=2,8 --shape H=32 --shape D=128 \
+        --bucket 8 1024 --db tuning_db --report "$out/${report}_d128.md" 2>&1 | tail -2
+}
 case "$step" in
 tune)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -5
@@ -112,12 +124,7 @@ probe)
     timeout 150 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -4
     ;;
 combine)
-    timeout 330 python3 -m layoutgen.cli tune --spec $dcp_specs --kernel combine --shape N=2,4,8 --shape H=128 \
-        --shape D=512 --bucket 1 8 64 256 1024 4096 --db tuning_db --report "$out/tune_combine_h128.md" 2>&1 | tail -2
-    timeout 70 python3 -m layoutgen.cli tune --spec $dcp_specs --kernel combine --shape N=2,8 --shape H=16 --shape D=512 \
-        --bucket 8 1024 --db tuning_db --report "$out/tune_combine_h16.md" 2>&1 | tail -2
-    timeout 70 python3 -m layoutgen.cli tune --spec $dcp_specs --kernel combine --shape N=2,8 --shape H=32 --shape D=128 \
-        --bucket 8 1024 --db tuning_db --report "$out/tune_combine_d128.md" 2>&1 | tail -2
+    tune_dcp_grid combine tune_combine "$dcp_specs" 330 70
     cp tuning_db/NVIDIA_H200.json "$out/"
     python3 -m layoutgen.cli db check 2>&1 | tail -3
     ;;
@@ -168,12 +175,7 @@ threshold)
     ;;
 pack)
     lse_specs=$(for spec in $dcp_specs; do case " $fp8_specs " in *" $spec "*) ;; *) printf '%s ' "$spec" ;; esac; done)
-    timeout 330 python3 -m layoutgen.cli tune --spec $lse_specs --kernel pack --shape N=2,4,8 --shape H=128 \
-        --shape D=512 --bucket 1 8 64 256 1024 4096 --db tuning_db --report "$out/tune_pack_h128.md" 2>&1 | tail -2
-    timeout 80 python3 -m layoutgen.cli tune --spec $lse_specs --kernel pack --shape N=2,8 --shape H=16 --shape D=512 \
-        --bucket 8 1024 --db tuning_db --report "$out/tune_pack_h16.md" 2>&1 | tail -2
-    timeout 80 python3 -m layoutgen.cli tune --spec $lse_specs --kernel pack --shape N=2,8 --shape H=32 --shape D=128 \
-        --bucket 8 1024 --db tuning_db --report "$out/tune_pack_d128.md" 2>&1 | tail -2
+    tune_dcp_grid pack tune_pack "$lse_specs" 330 80
     cp tuning_db/NVIDIA_H200.json "$out/"
     python3 -m layoutgen.cli db check 2>&1 | tail -3
     timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,15 +50,21 @@ def config_name(config: Any) -> str:
     return "x".join(str(value) for value in config.as_dict().values())
 
 
-def space_configs(module: Any, N: int, B: int, H: int, D: int, pool: Any) -> dict[str, CombineConfig]:
-    """Every feasible config of the tuner's combine space at this point, compiled ahead on `pool`."""
+def space_configs(
+    module: Any, N: int, B: int, H: int, D: int, pool: Any, kernel: str = "combine", sample: int = 0
+) -> dict[str, Any]:
+    """Every feasible config of the tuner's `kernel` space at this point, compiled ahead on `pool` (pack: the
+    masked variant too, as the workload's compile job holds both forms); `sample` of them at random, seeded
+    by the point, when there are more."""
     from layoutgen.dcp import FAMILY
     from layoutgen.tuning.objective import Target
     from layoutgen.tuning.problem import Problem
     from layoutgen.tuning.space import bind
 
-    problem = Problem(module.SPEC, "combine", (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
+    problem = Problem(module.SPEC, kernel, (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
     feasible = bind(problem, B).feasible()
+    if sample and len(feasible) > sample:
+        feasible = random.Random(f"{module.SPEC_NAME} {N} {B} {H} {D}").sample(feasible, sample)
     workload = FAMILY.workload(Target(problem, module), B, torch.device("cuda"), device_l2_bytes(0))
     workload.capacity = B  # the variants launched here: buffers of B rows (the tuner rounds up to 16)
     for future in [pool.submit(workload.compile_job(config)) for config in feasible]:

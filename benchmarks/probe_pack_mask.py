@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,13 +45,10 @@ FORMS = {"stores": 1 << 62, "skip": 0}
 
 
 def measure(bench: Any, module: Any, N: int, B: int, H: int, D: int, empty_every: int) -> dict[str, Any]:
+    from bench_dcp_v2 import _filled, _same, pack_inputs
+
     device, dtype = bench.device, torch.bfloat16
-    nbytes = bench.bytes_moved(module, "pack", N, H, D, B)
-    sets = bench.sets(nbytes)
-    outs = [torch.randn(B, H, D, dtype=dtype, device=device) for _ in range(sets)]
-    lses = [torch.randn(B, H, device=device) * 4 for _ in range(sets)]
-    rows = torch.arange(B, device=device)
-    empty = rows % empty_every == empty_every - 1 if empty_every else torch.zeros(B, dtype=torch.bool, device=device)
+    nbytes, sets, outs, lses, empty = pack_inputs(bench, module, N, B, H, D, empty_every)
     config, source = bench.config(module, "pack", N, H, D, B)
     index_64 = False
     threshold = module._SKIP_EMPTY_READS_BYTES
@@ -60,10 +56,8 @@ def measure(bench: Any, module: Any, N: int, B: int, H: int, D: int, empty_every
     for label in ("unmasked", *FORMS):
         mask = None if label == "unmasked" else empty
         sends = [module.alloc(N, B, H, D, dtype, device) for _ in range(sets)]
-        expected = module.alloc(N, B, H, D, dtype, device)
-        for bufs in (sends[0], expected):
-            for tensor in bufs.tensors.values():
-                tensor.view(torch.uint8).fill_(0xA5)
+        expected = _filled(module.alloc(N, B, H, D, dtype, device))
+        _filled(sends[0])
 
         def run(i: int, sends: list[Any] = sends, mask: Any = mask, label: str = label) -> None:
             module._SKIP_EMPTY_READS_BYTES = FORMS.get(label, threshold)
@@ -74,9 +68,8 @@ def measure(bench: Any, module: Any, N: int, B: int, H: int, D: int, empty_every
 
         reference.pack(outs[0], lses[0], expected, empty=mask)
         run(0)
-        for key, tensor in sends[0].tensors.items():
-            if not torch.equal(tensor.view(torch.uint8), expected.tensors[key].view(torch.uint8)):
-                raise AssertionError(f"{module.SPEC_NAME} {label} pack differs from the reference at {N} {B} {H} {D}")
+        if not _same(sends[0], expected):
+            raise AssertionError(f"{module.SPEC_NAME} {label} pack differs from the reference at {N} {B} {H} {D}")
         runs[label] = run
     timings = bench.timer.time_interleaved(list(runs.values()), sets, max(1.0, nbytes / 3.5e6))
     row: dict[str, Any] = {"spec": module.SPEC_NAME, "N": N, "B": B, "H": H, "D": D, "empty_every": empty_every}
@@ -86,40 +79,17 @@ def measure(bench: Any, module: Any, N: int, B: int, H: int, D: int, empty_every
     return row
 
 
-def space_configs(module: Any, N: int, B: int, H: int, D: int, pool: Any, sample: int = 0) -> list[Any]:
-    """Every feasible config of the tuner's pack space at this point, compiled ahead on `pool` (the masked
-    variant too: the pack workload's compile job holds both forms); `sample` of them at random, seeded by the
-    point, when there are more."""
-    from layoutgen.dcp import FAMILY
-    from layoutgen.tuning.objective import Target
-    from layoutgen.tuning.problem import Problem
-    from layoutgen.tuning.space import bind
-
-    problem = Problem(module.SPEC, "pack", (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
-    feasible = bind(problem, B).feasible()
-    if sample and len(feasible) > sample:
-        feasible = random.Random(f"{module.SPEC_NAME} {N} {B} {H} {D}").sample(feasible, sample)
-    workload = FAMILY.workload(Target(problem, module), B, torch.device("cuda"), 0)  # compiles only
-    workload.capacity = B  # buffers of B rows, as this probe allocates them (the tuner rounds up to 16)
-    for future in [pool.submit(workload.compile_job(config)) for config in feasible]:
-        if future is not None:
-            future.result()
-    return feasible
-
-
 def search_masked(
     bench: Any, module: Any, N: int, B: int, H: int, D: int, pool: Any, sample: int = 0
 ) -> dict[str, Any]:
     """The masked pack (every 4th request empty, the launcher's form) timed in every config of the space;
     then the unmasked and masked packs in the database's config and the masked one in the best config found,
     re-timed interleaved."""
-    device, dtype = bench.device, torch.bfloat16
-    nbytes = bench.bytes_moved(module, "pack", N, H, D, B)
-    sets = bench.sets(nbytes)
-    outs = [torch.randn(B, H, D, dtype=dtype, device=device) for _ in range(sets)]
-    lses = [torch.randn(B, H, device=device) * 4 for _ in range(sets)]
-    empty = torch.arange(B, device=device) % 4 == 3
-    sends = [module.alloc(N, B, H, D, dtype, device) for _ in range(sets)]
+    from bench_dcp_v2 import pack_inputs
+    from probe_combine import space_configs
+
+    nbytes, sets, outs, lses, empty = pack_inputs(bench, module, N, B, H, D)
+    sends = [module.alloc(N, B, H, D, torch.bfloat16, bench.device) for _ in range(sets)]
     tuned, source = bench.config(module, "pack", N, H, D, B)
     estimate = max(1.0, nbytes / 3.5e6)
 
@@ -130,7 +100,7 @@ def search_masked(
         return run
 
     times = {}
-    for config in space_configs(module, N, B, H, D, pool, sample):
+    for config in space_configs(module, N, B, H, D, pool, kernel="pack", sample=sample).values():
         times[config] = bench.timer.time(launcher(config, empty), sets, estimate).median_us
     best = min(times, key=lambda c: times[c])
     final = bench.timer.time_interleaved(
