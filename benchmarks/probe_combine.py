@@ -8,7 +8,8 @@ CUDA-graph replay medians with rotated inputs (`layoutgen.tuning.timing.CudaGrap
 `--resident` times one input set instead (L2-resident, as `bench_dcp.py --warm` does at B <= 64).
 `--space` times every feasible config of the tuner's search space instead (compiled ahead on the tuner's
 process pool), under the benchmark's input rotation: what the tuner would choose under `bench_dcp.py`'s
-cache conditions, next to sglang.  `--point N:B:H:D` (repeatable) picks the points.
+cache conditions, next to sglang; `--sample K` times K of them (the same K for every module) and the small
+grid.  `--point N:B:H:D` (repeatable) picks the points.
 
 Usage (GPU):
     python benchmarks/probe_combine.py --module old=/path/old_vllm_a2a.py --module new=generated/vllm_a2a.py \
@@ -40,8 +41,8 @@ from layoutgen.dcp.config import CombineConfig, default_combine_config
 from layoutgen.dcp.tolerances import combine_error
 from layoutgen.tuning.timing import CudaGraphTimer, device_l2_bytes, rotating_sets
 
-#: (block_head, block_dim, num_warps): one-warp small tiles up to whole-row tiles.
-CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 2), (2, 512, 4))
+#: (block_head, block_dim, num_warps): one-warp small tiles up to whole-row tiles (1 x 512 x 4: sglang's).
+CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 2), (1, 512, 4), (2, 512, 4))
 POINTS = [(N, B, 128, 512) for N in (2, 8) for B in (1, 8, 64, 256)] + [(4, 8, 128, 512), (8, 8, 32, 128)]
 
 
@@ -83,6 +84,7 @@ def measure_point(
     D: int,
     pool: Any = None,
     resident: bool = False,
+    sample: int = 0,
 ) -> dict[str, Any]:
     first = next(iter(modules.values()))
     Hl = H // N
@@ -103,10 +105,11 @@ def measure_point(
     estimate = max(1.0, combine_bytes / 3.5e6)
     default = default_combine_config(first.SPEC, N, Hl, D, B, 2)
     for label, module in modules.items():
+        configs = {}
         if pool is not None:
-            configs = space_configs(module, N, B, H, D, pool)
-        else:
-            configs = {f"{h}x{d}x{w}": CombineConfig(1, h, d, w) for h, d, w in CONFIGS if h <= Hl and d <= D}
+            configs = space_configs(module, N, B, H, D, pool, sample=sample)
+        if pool is None or sample:
+            configs.update({f"{h}x{d}x{w}": CombineConfig(1, h, d, w) for h, d, w in CONFIGS if h <= Hl and d <= D})
         configs["default"] = default
         results = {}
         for name, config in configs.items():
@@ -140,6 +143,9 @@ def main() -> int:
         "--resident", action="store_true", help="one input set (L2-resident), as bench_dcp.py --warm times B <= 64"
     )
     parser.add_argument("--point", action="append", default=[], metavar="N:B:H:D", help="a point (repeatable)")
+    parser.add_argument(
+        "--sample", type=int, default=0, metavar="K", help="with --space: K configs of it, the same K for every module"
+    )
     args = parser.parse_args()
     from baselines import load_sglang_dcp_kernels
 
@@ -158,10 +164,10 @@ def main() -> int:
     # The first timings of a process run fast (notes_H200.md: 1.31 against 1.48 µs for the same config, for
     # about 35 ms), which once made one pass look 14% faster than two at N 2, B 1: time the first point once
     # and throw it away.
-    measure_point(modules, sglang, timer, *points[0], pool, args.resident)
+    measure_point(modules, sglang, timer, *points[0], pool, args.resident, args.sample)
     rows: list[dict[str, Any]] = []
     for N, B, H, D in points:
-        row = measure_point(modules, sglang, timer, N, B, H, D, pool, args.resident)
+        row = measure_point(modules, sglang, timer, N, B, H, D, pool, args.resident, args.sample)
         rows.append(row)
         line = "  ".join(
             f"{label} best {row[f'{label}_best']:.2f} ({row[f'{label}_best_config']}) default {row[label]['default']:.2f}"
@@ -175,6 +181,7 @@ def main() -> int:
             "modules": {label: str(path) for label, path in (item.split("=", 1) for item in args.module)},
             "space": args.space,
             "resident": args.resident,
+            "sample": args.sample,
             "rows": rows,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
