@@ -27,6 +27,19 @@
 #   bash benchmarks/gpu_session.sh exhaustive OUT pynccl_a2a_aligned combine at N 8, B 64 over its whole space (the probes
 #                                               hold a config faster than sglang rotated and L2-resident there that TPE
 #                                               missed); bench_dcp.py on that layout alone
+#   bash benchmarks/gpu_session.sh prefetch OUT  combine with every partial loaded before the weights (probe_prefetch/,
+#                                               rendered from the changed template) against the committed kernel, 40
+#                                               configs of the space and the small grid, rotated and L2-resident
+#   bash benchmarks/gpu_session.sh dram OUT      the DRAM-bound Ulysses points where torch.compile beat our kernels: copy
+#                                               shapes, compile (and its code), 40 configs of the space
+#   bash benchmarks/gpu_session.sh hints OUT     the Ulysses copy with its loads marked evict_first / evict_last (probe_hints/,
+#                                               rendered from the changed _copy.jinja) against the committed one
+#   bash benchmarks/gpu_session.sh uretune OUT   every Ulysses entry again (its timing now writes one output for every
+#                                               rotating set: the hash changed), more trials than the default 24
+#   bash benchmarks/gpu_session.sh ubench OUT    bench_ulysses.py's large and small sizes with that database
+#   bash benchmarks/gpu_session.sh uexhaustive OUT the two Ulysses scatters of N 4, S_local 4096 furthest from the copy
+#                                               (ulysses_qkv_gqa, yunchang_ulysses_head_major) over their whole
+#                                               space (759 configs; 48 TPE trials kept the default); bench_ulysses.py
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -197,6 +210,52 @@ exhaustive)
     cp tuning_db/NVIDIA_H200.json "$out/"
     python3 -m layoutgen.cli db check 2>&1 | tail -1
     timeout 150 python3 benchmarks/bench_dcp.py --quick --warm --specs pynccl_a2a_aligned --out "$out" 2>&1 | tail -2
+    ;;
+prefetch)
+    for spec in vllm_a2a pynccl_a2a; do
+        timeout 110 python3 benchmarks/probe_combine.py --module cur=generated/$spec.py --module prefetch=probe_prefetch/$spec.py \
+            --space --sample 40 --point 8:64:128:512 --point 4:8:128:512 --point 2:1:128:512 --point 8:1024:128:512 \
+            --out "$out/probe_prefetch_$spec.json" 2>&1 | tail -5
+        timeout 90 python3 benchmarks/probe_combine.py --module cur=generated/$spec.py --module prefetch=probe_prefetch/$spec.py \
+            --space --sample 40 --resident --point 8:64:128:512 --point 4:8:128:512 --point 2:1:128:512 \
+            --out "$out/probe_prefetch_${spec}_resident.json" 2>&1 | tail -4
+    done
+    ;;
+dram)
+    timeout 200 python3 benchmarks/probe_ulysses_dram.py --spec ulysses_qkv_gqa --kernel scatter --point 4:4096:32:8:128 \
+        --out "$out/probe_ulysses_dram_qkv_scatter.json" 2>&1 | tail -3
+    timeout 150 python3 benchmarks/probe_ulysses_dram.py --spec ulysses_qkv_gqa --kernel gather_out --point 4:4096:32:8:128 \
+        --out "$out/probe_ulysses_dram_qkv_gather_out.json" 2>&1 | tail -3
+    ;;
+hints)
+    for run in ulysses_qkv_gqa:scatter:4:4096:32:8:128 ulysses_qkv_gqa:gather_out:4:4096:32:8:128 \
+        ulysses_qkv_gqa:scatter:8:1024:32:8:128 yunchang_ulysses:scatter:4:4096:32:32:128; do
+        IFS=: read -r spec kernel point <<< "$run"
+        timeout 110 python3 benchmarks/probe_ulysses_dram.py --spec $spec --kernel $kernel --point "$point" --sample 20 \
+            --module first=probe_hints/first/$spec.py --module last=probe_hints/last/$spec.py \
+            --out "$out/probe_ulysses_hints_${spec}_${kernel}_${point//:/_}.json" 2>&1 | tail -3
+    done
+    ;;
+uretune)
+    timeout 330 python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=4,8 --shape H=32 --shape D=128 \
+        --bucket 16 1024 4096 --trials 48 --db tuning_db --report "$out/tune_ulysses_h32.md" 2>&1 | tail -2
+    timeout 230 python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=2,8 --shape H=64 --shape D=128 \
+        --bucket 1024 16384 --trials 32 --db tuning_db --report "$out/tune_ulysses_h64.md" 2>&1 | tail -2
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -3
+    ;;
+ubench)
+    timeout 280 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -2
+    timeout 250 python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -2
+    ;;
+uexhaustive)
+    for spec in ulysses_qkv_gqa yunchang_ulysses_head_major; do
+        timeout 210 python3 -m layoutgen.cli tune --spec $spec --kernel scatter --shape N=4 --shape H=32 --shape D=128 \
+            --bucket 4096 --exhaustive-limit 1000 --retune --db tuning_db --report "$out/tune_ulysses_${spec}_exhaustive.md" 2>&1 | tail -1
+    done
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -1
+    timeout 120 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -1
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

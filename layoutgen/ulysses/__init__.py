@@ -108,28 +108,28 @@ SCATTER = _kernel(
     "scatter.py.jinja",
     ScatterConfig,
     "shards (local layout) -> send buffers, before attention",
-    {"inputs": "shards per rotating set", "outputs": "each rotating set's own send buffers"},
+    {"inputs": "shards per rotating set", "outputs": "one set of send buffers for every rotating set"},
 )
 GATHER = _kernel(
     "gather",
     "gather.py.jinja",
     GatherConfig,
     "receive buffers -> attention layout [S, H/N, D]",
-    {"inputs": "receive buffers per rotating set", "outputs": "each rotating set's own attention tensors"},
+    {"inputs": "receive buffers per rotating set", "outputs": "one set of attention tensors for every rotating set"},
 )
 SCATTER_OUT = _kernel(
     "scatter_out",
     "scatter_out.py.jinja",
     ScatterOutConfig,
     "attention output -> send buffers, after attention",
-    {"inputs": "attention outputs per rotating set", "outputs": "each rotating set's own send buffers"},
+    {"inputs": "attention outputs per rotating set", "outputs": "one set of send buffers for every rotating set"},
 )
 GATHER_OUT = _kernel(
     "gather_out",
     "gather_out.py.jinja",
     GatherOutConfig,
     "receive buffers -> shards (local layout)",
-    {"inputs": "receive buffers per rotating set", "outputs": "each rotating set's own shards"},
+    {"inputs": "receive buffers per rotating set", "outputs": "one set of shards for every rotating set"},
 )
 
 

@@ -93,6 +93,31 @@ def test_the_gate_passes_the_kernels_and_catches_a_wrong_one(monkeypatch: pytest
         monkeypatch.undo()
 
 
+@requires_interpreter
+def test_timing_sets_rotate_the_inputs_and_share_one_output() -> None:
+    # As serving (one static set of send buffers every layer) and bench_ulysses.py do: with an output per set
+    # every call's writes went to DRAM where serving's go to the L2.
+    module = generated_module("ulysses_qkv_gqa")
+    for kernel in ("scatter", "gather", "scatter_out", "gather_out"):
+        workload = FAMILY.workload(Target(problem("ulysses_qkv_gqa", kernel), module), 3, torch.device("cpu"), 1 << 10)
+        assert workload.sets > 1
+        launch = workload.timing_launch(FAMILY.default_config(workload.problem, 3))
+        for index in range(workload.sets):
+            launch(index)
+        timing_sets = workload._timing_sets or []
+        users = [id(tensors[0]) for tensors, _ in timing_sets]
+        buffers = [id(bufs) for _, bufs in timing_sets]
+        inputs, outputs = (users, buffers) if kernel.startswith("scatter") else (buffers, users)
+        assert len(timing_sets) == workload.sets and len(set(inputs)) == workload.sets, kernel
+        assert len(set(outputs)) == 1, kernel
+        first, second = (
+            (timing_sets[0][0][0], timing_sets[1][0][0])
+            if kernel.startswith("scatter")
+            else (next(iter(timing_sets[0][1].tensors.values())), next(iter(timing_sets[1][1].tensors.values())))
+        )
+        assert not torch.equal(first, second), kernel  # each set its own random inputs
+
+
 def test_compile_variants_launch_on_meta_tensors() -> None:
     module = generated_module("ulysses_qkv_gqa")
     target = Target(problem("ulysses_qkv_gqa", "scatter", N=4, Hl=2, Hl_kv=1, D=8), module)
