@@ -40,6 +40,8 @@
 #   bash benchmarks/gpu_session.sh uexhaustive OUT the two Ulysses scatters of N 4, S_local 4096 furthest from the copy
 #                                               (ulysses_qkv_gqa, yunchang_ulysses_head_major) over their whole
 #                                               space (759 configs; 48 TPE trials kept the default); bench_ulysses.py
+#   bash benchmarks/gpu_session.sh umajor OUT    the Ulysses scatters and gathers again (their programs now walk one tensor
+#                                               after another: the source hash changed), then bench_ulysses.py
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -256,6 +258,16 @@ uexhaustive)
     cp tuning_db/NVIDIA_H200.json "$out/"
     python3 -m layoutgen.cli db check 2>&1 | tail -1
     timeout 120 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -1
+    ;;
+umajor)
+    timeout 150 python3 -m layoutgen.cli tune --spec $ulysses_specs --kernel scatter --kernel gather --shape N=4,8 \
+        --shape H=32 --shape D=128 --bucket 16 1024 4096 --trials 48 --db tuning_db --report "$out/tune_ulysses_h32.md" 2>&1 | tail -1
+    timeout 100 python3 -m layoutgen.cli tune --spec $ulysses_specs --kernel scatter --kernel gather --shape N=2,8 \
+        --shape H=64 --shape D=128 --bucket 1024 16384 --trials 32 --db tuning_db --report "$out/tune_ulysses_h64.md" 2>&1 | tail -1
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -1
+    timeout 70 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -1
+    timeout 60 python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -1
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'ulysses_qkv_gqa'
 SPEC_HASH = 'df3c019bc0899bca0fbc3cb74b66b9d439a56ca502e33e58dbb7cf9dc1ffc3f6'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'e0779a7fac9a1101233b7e39e85cee35355a1dc69cb3ed1a54273b923e10213a', 'gather': 'bec16105f103c2bee9cd80e4c4fc1d4b98308d972d1766bcbb34fc02a1f593fa', 'scatter_out': '7c6f04a57b55368b0691c557daa658ed0319627e34f17610dfa77e7f4bd37065', 'gather_out': '6598d86e5326c2d3010656deec7492185f9ce2c5bf598341a20b5b01271881f3'}
+SOURCE_HASHES = {'scatter': 'd8889aecc4dac41155285a7d083a79162c96e779683e304e8d372bb1cf654f16', 'gather': 'c2662a1fd3edb5d5afd54edf7ab1b6a0ddc0da67d2c870580e5c9efca2f8fe10', 'scatter_out': '7c6f04a57b55368b0691c557daa658ed0319627e34f17610dfa77e7f4bd37065', 'gather_out': '6598d86e5326c2d3010656deec7492185f9ce2c5bf598341a20b5b01271881f3'}
 SPEC_SUMMARY = "q, k and v of a GQA model (H_kv heads of k and v) in one all_to_all_single: each peer's chunk holds q, then k, then v; packed tokens [S_local, H, D] as serving engines hold them, attention reads [S, H/N, D] (varlen flash attention)."
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'ulysses_qkv_gqa', 'transport': 'all_to_all_single', 'local': ['seq', 'head', 'dim'], 'attention': ['seq', 'head', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H_kv'}, {'name': 'v', 'heads': 'H_kv'}], 'wire': ['peer', 'tensor', 'seq', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'seq', 'head', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -151,7 +151,7 @@ def _scatter_kernel(
 ):
     """local [seq, head, dim] -> wire [peer, tensor, seq, head, dim], for q, k, v.
 
-    One launch moves every tensor: their boxes follow one another along grid x.
+    One launch moves every tensor: along grid x each tensor's programs follow the one before's.
     """
     if INDEX_64:
         seq_len = seq_len.to(tl.int64)
@@ -163,12 +163,14 @@ def _scatter_kernel(
     # Boxes per seq block (head, dim), per tensor.
     tiles = ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     kv_tiles = ((KV_HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
-    # Grid x: seq blocks, each followed by its boxes; grid y: the axes outside seq.
+    # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
-    seq_block = program // (tiles + kv_tiles + kv_tiles)
-    tile = program % (tiles + kv_tiles + kv_tiles)
+    seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
-    if tile < tiles:
+    if program < seq_blocks * tiles:
+        program_in_tensor = program
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _scatter_tile(
             q_ptr,
             wire_ptr,
@@ -188,12 +190,15 @@ def _scatter_kernel(
             BLOCK_HEAD,
             BLOCK_DIM,
         )
-    elif tile < tiles + kv_tiles:
+    elif program < seq_blocks * (tiles + kv_tiles):
+        program_in_tensor = program - seq_blocks * tiles
+        seq_block = program_in_tensor // kv_tiles
+        tile = program_in_tensor % kv_tiles
         _scatter_tile(
             k_ptr,
             wire_ptr + q_size,
             seq_block,
-            tile - tiles,
+            tile,
             outer,
             seq_len,
             k_stride_seq,
@@ -209,11 +214,14 @@ def _scatter_kernel(
             BLOCK_DIM,
         )
     else:
+        program_in_tensor = program - seq_blocks * (tiles + kv_tiles)
+        seq_block = program_in_tensor // kv_tiles
+        tile = program_in_tensor % kv_tiles
         _scatter_tile(
             v_ptr,
             wire_ptr + q_size + k_size,
             seq_block,
-            tile - (tiles + kv_tiles),
+            tile,
             outer,
             seq_len,
             v_stride_seq,
@@ -376,7 +384,7 @@ def _gather_kernel(
 ):
     """wire [peer, tensor, seq, head, dim] -> attention [seq, head, dim], for q, k, v.
 
-    One launch moves every tensor: their boxes follow one another along grid x.
+    One launch moves every tensor: along grid x each tensor's programs follow the one before's.
     """
     if INDEX_64:
         seq_len = seq_len.to(tl.int64)
@@ -388,12 +396,14 @@ def _gather_kernel(
     # Boxes per seq block (head, dim), per tensor.
     tiles = ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     kv_tiles = ((KV_HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
-    # Grid x: seq blocks, each followed by its boxes; grid y: the axes outside seq.
+    # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
-    seq_block = program // (tiles + kv_tiles + kv_tiles)
-    tile = program % (tiles + kv_tiles + kv_tiles)
+    seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
-    if tile < tiles:
+    if program < seq_blocks * tiles:
+        program_in_tensor = program
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _gather_tile(
             wire_ptr,
             q_ptr,
@@ -413,12 +423,15 @@ def _gather_kernel(
             BLOCK_HEAD,
             BLOCK_DIM,
         )
-    elif tile < tiles + kv_tiles:
+    elif program < seq_blocks * (tiles + kv_tiles):
+        program_in_tensor = program - seq_blocks * tiles
+        seq_block = program_in_tensor // kv_tiles
+        tile = program_in_tensor % kv_tiles
         _gather_tile(
             wire_ptr + q_size,
             k_ptr,
             seq_block,
-            tile - tiles,
+            tile,
             outer,
             seq_len,
             k_stride_seq,
@@ -434,11 +447,14 @@ def _gather_kernel(
             BLOCK_DIM,
         )
     else:
+        program_in_tensor = program - seq_blocks * (tiles + kv_tiles)
+        seq_block = program_in_tensor // kv_tiles
+        tile = program_in_tensor % kv_tiles
         _gather_tile(
             wire_ptr + q_size + k_size,
             v_ptr,
             seq_block,
-            tile - (tiles + kv_tiles),
+            tile,
             outer,
             seq_len,
             v_stride_seq,

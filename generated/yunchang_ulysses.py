@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'yunchang_ulysses'
 SPEC_HASH = '6a6c23818e0fd2697395c6056c2fd5681cbfb1969e9b1de79c00de51160e3a67'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'b87ff828ca24a8f6ecb3255f50d27ef99beba4c46a1449db35cef066a2aa15f2', 'gather': 'cce8e19352606dc57434acb4c806574547fdc0f30cb4639bf86ef3a49fbbd5fe', 'scatter_out': '63cad94ac58e47fc93faea9993d7a751887522b4bd7a146c14dc30d8be38a84b', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
+SOURCE_HASHES = {'scatter': '771541cc295c73bad5a3b6b571e592c782d6a6ee9569cbb51e8cfb159649df5b', 'gather': 'ef2d9e9e81b039dcd5635c13d0e4d552a589fa46b0b3bd2952a726f95c6bab5d', 'scatter_out': '63cad94ac58e47fc93faea9993d7a751887522b4bd7a146c14dc30d8be38a84b', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
 SPEC_SUMMARY = 'yunchang / xDiT all_to_all_4D with batch-first tensors [B, S, H, D]: before attention the wire is [peer, S_local, B, H/N, D], after it [peer, H/N, S_local, B, D]; attention reads [B, S, H/N, D].'
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'yunchang_ulysses', 'transport': 'all_to_all_single', 'local': ['batch', 'seq', 'head', 'dim'], 'attention': ['batch', 'seq', 'head', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'head', 'seq', 'batch', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -167,18 +167,20 @@ def _scatter_kernel(
 ):
     """local [batch, seq, head, dim] -> wire [peer, seq, batch, head, dim], for q, k, v.
 
-    One launch moves every tensor: their boxes follow one another along grid x.
+    One launch moves every tensor: along grid x each tensor's programs follow the one before's.
     """
     if INDEX_64:
         seq_len = seq_len.to(tl.int64)
     # Boxes per seq block (batch, head, dim), per tensor.
     tiles = ((BATCH + BLOCK_BATCH - 1) // BLOCK_BATCH) * ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
-    # Grid x: seq blocks, each followed by its boxes; grid y: the axes outside seq.
+    # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
-    seq_block = program // (tiles + tiles + tiles)
-    tile = program % (tiles + tiles + tiles)
+    seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
-    if tile < tiles:
+    if program < seq_blocks * tiles:
+        program_in_tensor = program
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _scatter_tile(
             q_ptr,
             q_wire_ptr,
@@ -200,12 +202,15 @@ def _scatter_kernel(
             BLOCK_HEAD,
             BLOCK_DIM,
         )
-    elif tile < tiles + tiles:
+    elif program < seq_blocks * (tiles + tiles):
+        program_in_tensor = program - seq_blocks * tiles
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _scatter_tile(
             k_ptr,
             k_wire_ptr,
             seq_block,
-            tile - tiles,
+            tile,
             outer,
             seq_len,
             k_stride_batch,
@@ -223,11 +228,14 @@ def _scatter_kernel(
             BLOCK_DIM,
         )
     else:
+        program_in_tensor = program - seq_blocks * (tiles + tiles)
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _scatter_tile(
             v_ptr,
             v_wire_ptr,
             seq_block,
-            tile - (tiles + tiles),
+            tile,
             outer,
             seq_len,
             v_stride_batch,
@@ -412,18 +420,20 @@ def _gather_kernel(
 ):
     """wire [peer, seq, batch, head, dim] -> attention [batch, seq, head, dim], for q, k, v.
 
-    One launch moves every tensor: their boxes follow one another along grid x.
+    One launch moves every tensor: along grid x each tensor's programs follow the one before's.
     """
     if INDEX_64:
         seq_len = seq_len.to(tl.int64)
     # Boxes per seq block (head, dim), per tensor.
     tiles = ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
-    # Grid x: seq blocks, each followed by its boxes; grid y: the axes outside seq.
+    # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
-    seq_block = program // (tiles + tiles + tiles)
-    tile = program % (tiles + tiles + tiles)
+    seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
-    if tile < tiles:
+    if program < seq_blocks * tiles:
+        program_in_tensor = program
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _gather_tile(
             q_wire_ptr,
             q_ptr,
@@ -445,12 +455,15 @@ def _gather_kernel(
             BLOCK_HEAD,
             BLOCK_DIM,
         )
-    elif tile < tiles + tiles:
+    elif program < seq_blocks * (tiles + tiles):
+        program_in_tensor = program - seq_blocks * tiles
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _gather_tile(
             k_wire_ptr,
             k_ptr,
             seq_block,
-            tile - tiles,
+            tile,
             outer,
             seq_len,
             k_stride_batch,
@@ -468,11 +481,14 @@ def _gather_kernel(
             BLOCK_DIM,
         )
     else:
+        program_in_tensor = program - seq_blocks * (tiles + tiles)
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _gather_tile(
             v_wire_ptr,
             v_ptr,
             seq_block,
-            tile - (tiles + tiles),
+            tile,
             outer,
             seq_len,
             v_stride_batch,

@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'yunchang_ulysses_head_major'
 SPEC_HASH = 'c2ecc7d2dba252ce502d09827f1aaaeb9ee9fd229e5a463cd94fc9801decd64c'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'b87ff828ca24a8f6ecb3255f50d27ef99beba4c46a1449db35cef066a2aa15f2', 'gather': 'd44fa4e4be7305e49b0eae393c4b80c4502b8017c25f0070a65eeb523c7e9dfd', 'scatter_out': '581ed00013dd3405ee6fe2f4fedcfa521cd45c6987604d6f9f428291a1a69588', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
+SOURCE_HASHES = {'scatter': '771541cc295c73bad5a3b6b571e592c782d6a6ee9569cbb51e8cfb159649df5b', 'gather': 'd44fa4e4be7305e49b0eae393c4b80c4502b8017c25f0070a65eeb523c7e9dfd', 'scatter_out': '581ed00013dd3405ee6fe2f4fedcfa521cd45c6987604d6f9f428291a1a69588', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
 SPEC_SUMMARY = 'yunchang / xDiT all_to_all_4D wires for batch-first shards [B, S, H, D], gathered head-major for attention kernels that read [B, H/N, S, D] (torch SDPA).'
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'yunchang_ulysses_head_major', 'transport': 'all_to_all_single', 'local': ['batch', 'seq', 'head', 'dim'], 'attention': ['batch', 'head', 'seq', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'head', 'seq', 'batch', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -167,18 +167,20 @@ def _scatter_kernel(
 ):
     """local [batch, seq, head, dim] -> wire [peer, seq, batch, head, dim], for q, k, v.
 
-    One launch moves every tensor: their boxes follow one another along grid x.
+    One launch moves every tensor: along grid x each tensor's programs follow the one before's.
     """
     if INDEX_64:
         seq_len = seq_len.to(tl.int64)
     # Boxes per seq block (batch, head, dim), per tensor.
     tiles = ((BATCH + BLOCK_BATCH - 1) // BLOCK_BATCH) * ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
-    # Grid x: seq blocks, each followed by its boxes; grid y: the axes outside seq.
+    # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
-    seq_block = program // (tiles + tiles + tiles)
-    tile = program % (tiles + tiles + tiles)
+    seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
-    if tile < tiles:
+    if program < seq_blocks * tiles:
+        program_in_tensor = program
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _scatter_tile(
             q_ptr,
             q_wire_ptr,
@@ -200,12 +202,15 @@ def _scatter_kernel(
             BLOCK_HEAD,
             BLOCK_DIM,
         )
-    elif tile < tiles + tiles:
+    elif program < seq_blocks * (tiles + tiles):
+        program_in_tensor = program - seq_blocks * tiles
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _scatter_tile(
             k_ptr,
             k_wire_ptr,
             seq_block,
-            tile - tiles,
+            tile,
             outer,
             seq_len,
             k_stride_batch,
@@ -223,11 +228,14 @@ def _scatter_kernel(
             BLOCK_DIM,
         )
     else:
+        program_in_tensor = program - seq_blocks * (tiles + tiles)
+        seq_block = program_in_tensor // tiles
+        tile = program_in_tensor % tiles
         _scatter_tile(
             v_ptr,
             v_wire_ptr,
             seq_block,
-            tile - (tiles + tiles),
+            tile,
             outer,
             seq_len,
             v_stride_batch,
