@@ -10,7 +10,10 @@ rules (inputs rotating by `rotating_sets`, one output, CUDA-graph replay medians
 * ours with the database's config and over `--sample K` configs of the tuner's space (seeded), for every
   `--module LABEL=PATH` given (e.g. one rendered from a changed template) on the same configs.
 
-Every variant is checked byte for byte against the reference first (`bench_ulysses.Case.check`).
+Every variant is checked byte for byte against the reference first (`bench_ulysses.Case.check`).  The
+builds run interleaved per config, so drift cancels; a build that changes the cache policy (`evict_last`)
+leaves lines in the L2 that speed up the next build's timing: time such builds in separate runs
+(notes_H200.md, fifth pass: 25.69 µs here that the whole space timed alone did not reproduce).
 
 Usage (GPU):
     python benchmarks/probe_ulysses_dram.py --spec ulysses_qkv_gqa --kernel scatter --point 4:4096:32:8:128 \\
