@@ -133,11 +133,12 @@ class Case:
     def bytes_moved(self) -> int:
         return bytes_moved(self.spec, self.shape, self.kernel)
 
-    def ours(self) -> Callable[[int], Any]:
-        function = getattr(self.module, self.kernel)
+    def ours(self, module: Any = None, config: Any = None) -> Callable[[int], Any]:
+        """Our kernel on set i: this case's module (or another build of it), `config=None` the dispatched one."""
+        function = getattr(module or self.module, self.kernel)
         if self.kernel.startswith("scatter"):
-            return lambda i: function(*self.sets[i]["tensors"].values(), self.sets[i]["bufs"])
-        return lambda i: function(self.sets[i]["bufs"])
+            return lambda i: function(*self.sets[i]["tensors"].values(), self.sets[i]["bufs"], config=config)
+        return lambda i: function(self.sets[i]["bufs"], config=config)
 
     def naive(self, compiled: bool) -> Callable[[int], Any]:
         naive = NAIVE[self.kernel]

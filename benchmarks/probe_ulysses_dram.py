@@ -92,17 +92,7 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {label: {} for label in modules}
     for name, config in configs.items():
         for label, build in modules.items():  # the builds interleaved per config, so drift cancels
-            function = getattr(build, args.kernel)
-            if args.kernel.startswith("scatter"):
-
-                def run(i: int, config: Any = config, function: Any = function) -> Any:
-                    return function(*case.sets[i]["tensors"].values(), case.sets[i]["bufs"], config=config)
-
-            else:
-
-                def run(i: int, config: Any = config, function: Any = function) -> Any:
-                    return function(case.sets[i]["bufs"], config=config)
-
+            run = case.ours(build, config)
             case.check(f"{label} {name}", run)
             results[label][name] = timer.time(run, sets, estimate).median_us
     for label, times in results.items():

@@ -63,6 +63,11 @@ def product(factors: Sequence[str]) -> str:
     return " * ".join(factors) if factors else "1"
 
 
+def grouped_sum(terms: Sequence[str]) -> str:
+    """The terms' sum as one factor: the single term bare, several in parentheses."""
+    return terms[0] if len(terms) == 1 else f"({' + '.join(terms)})"
+
+
 def heads_symbol(tensor: TensorSpec, side: str) -> str:
     return tensor.heads.value if side == "local" else f"{tensor.heads.value}/N"
 
@@ -228,16 +233,13 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
             if not shared
             else ("wire_ptr" if not offset_terms else f"wire_ptr + {' + '.join(offset_terms)}")
         )
-        program_start = (
-            "" if not start_terms else f"seq_blocks * {start_terms[0] if len(start_terms) == 1 else f'({start})'}"
-        )
         tensors.append(
             {
                 "name": tensor.name,
                 "const": group.const,
                 "condition": f"{variable} < {' + '.join([*start_terms, count])}",
-                "program_condition": f"program < seq_blocks * {count if not start_terms else f'({start} + {count})'}",
-                "program_start": program_start,
+                "program_condition": f"program < seq_blocks * {grouped_sum([*start_terms, count])}",
+                "program_start": f"seq_blocks * {grouped_sum(start_terms)}" if start_terms else "",
                 "tiles": count,
                 "relative": relative,
                 "wire_pointer": wire_pointer,
@@ -307,7 +309,7 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         "launch_shared_tiles": tile_counts(inner_axes, None, "launcher"),
         "launch_shared_outer_tiles": tile_counts(outer_axes, None, "launcher"),
         "x_total": " + ".join(x_total) if x_total else "",
-        "x_divisor": x_total[0] if len(x_total) == 1 else f"({' + '.join(x_total)})",
+        "x_divisor": grouped_sum(x_total) if x_total else "",
         "y_total": " + ".join(y_total) if y_total else "",
         "tensors": tensors,
         "axis_size_sum": " + ".join(f"{t.name}_size" for t in direction.tensors),

@@ -146,25 +146,10 @@ def test_programs_walk_one_tensor_after_another_unless_the_wire_interleaves_them
     assert tensor_major(bundled["deepspeed_ulysses"], "scatter")  # a buffer per tensor
     assert not tensor_major(bundled["deepspeed_ulysses_head_major"], "gather")  # tensors on grid y already
     assert not tensor_major(bundled["ulysses_qkv_gqa"], "scatter_out")  # one tensor
-    interleaved = parse_spec(
-        {
-            "family": "ulysses",
-            "name": "interleaved",
-            "summary": "q, k, v in one buffer, the tensor axis inside seq",
-            "transport": "all_to_all_single",
-            "local": ["seq", "head", "dim"],
-            "attention": ["seq", "head", "dim"],
-            "to_attention": {
-                "tensors": [
-                    {"name": "q", "heads": "H"},
-                    {"name": "k", "heads": "H_kv"},
-                    {"name": "v", "heads": "H_kv"},
-                ],
-                "wire": ["peer", "seq", "tensor", "head", "dim"],
-            },
-            "from_attention": {"tensors": [{"name": "out", "heads": "H"}], "wire": ["peer", "seq", "head", "dim"]},
-        }
-    )
+    # The bundled q+k+v spec with its wire's tensor axis moved inside seq.
+    data = bundled["ulysses_qkv_gqa"].model_dump(mode="json", exclude_none=True)
+    data["to_attention"]["wire"] = ["peer", "seq", "tensor", "head", "dim"]
+    interleaved = parse_spec(data)
     assert not tensor_major(interleaved, "scatter")  # seq blocks first is that wire's memory order
     source = Path(generated_module("ulysses_qkv_gqa").__file__).read_text(encoding="utf-8")
     kernel = source[source.index("def _scatter_kernel(") : source.index("def _launch_scatter(")]
