@@ -42,6 +42,16 @@
 #                                               space (759 configs; 48 TPE trials kept the default); bench_ulysses.py
 #   bash benchmarks/gpu_session.sh umajor OUT    the Ulysses scatters and gathers again (their programs now walk one tensor
 #                                               after another: the source hash changed), then bench_ulysses.py
+#   bash benchmarks/gpu_session.sh even OUT      the Ulysses copy without bounds where every block divides its extent
+#                                               (probe_even/, rendered from the changed _copy.jinja) against the
+#                                               committed one, 17 configs each, at six points
+#   bash benchmarks/gpu_session.sh uout OUT      the three single-tensor Ulysses kernels compile led at N 4, S_local 4096
+#                                               over their whole space; the small sizes' head counts; bench_ulysses.py
+#   bash benchmarks/gpu_session.sh ufinal OUT    ulysses_qkv_gqa scatter N 4, S_local 4096 over its whole space, the
+#                                               N 8 / H 16 studies uout's limit cut, bench_ulysses.py, the dispatch
+#                                               check, every GPU test
+#   bash benchmarks/gpu_session.sh index64 OUT   the 64-bit test of the tensor-major programs after its fix, the scatter
+#                                               and gather entries the fix made stale (12 trials), bench_ulysses.py
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -74,6 +84,14 @@ tune_dcp_grid() {
         --bucket 8 1024 --db tuning_db --report "$out/${report}_h16.md" 2>&1 | tail -2
     timeout "$5" python3 -m layoutgen.cli tune --spec $specs --kernel "$kernel" --shape N=2,8 --shape H=32 --shape D=128 \
         --bucket 8 1024 --db tuning_db --report "$out/${report}_d128.md" 2>&1 | tail -2
+}
+# The database a step wrote, its check, then bench_ulysses.py's large and small sizes with it.
+#   save_and_bench_ulysses SECONDS_LARGE SECONDS_SMALL
+save_and_bench_ulysses() {
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -1
+    timeout "$1" python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -1
+    timeout "$2" python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -1
 }
 case "$step" in
 tune)
@@ -264,10 +282,59 @@ umajor)
         --shape H=32 --shape D=128 --bucket 16 1024 4096 --trials 48 --db tuning_db --report "$out/tune_ulysses_h32.md" 2>&1 | tail -1
     timeout 100 python3 -m layoutgen.cli tune --spec $ulysses_specs --kernel scatter --kernel gather --shape N=2,8 \
         --shape H=64 --shape D=128 --bucket 1024 16384 --trials 32 --db tuning_db --report "$out/tune_ulysses_h64.md" 2>&1 | tail -1
-    cp tuning_db/NVIDIA_H200.json "$out/"
-    python3 -m layoutgen.cli db check 2>&1 | tail -1
-    timeout 70 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -1
-    timeout 60 python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -1
+    save_and_bench_ulysses 70 60
+    ;;
+even)
+    # The Ulysses copy with its bounds dropped where every block divides its extent (probe_even/: the modules
+    # `layoutgen build --out probe_even` renders with results/archive/probe_even_copy.diff applied) against the
+    # committed one, at the points compile led and two more.
+    for run in yunchang_ulysses:scatter_out:4:4096:32:32:128 yunchang_ulysses:gather_out:4:4096:32:32:128 \
+        deepspeed_ulysses_head_major:gather_out:4:4096:32:32:128 ulysses_qkv_gqa:scatter:4:4096:32:8:128 \
+        ulysses_qkv_gqa:gather:8:1024:32:8:128 yunchang_ulysses:scatter:8:64:16:16:128; do
+        IFS=: read -r spec kernel point <<< "$run"
+        timeout 100 python3 benchmarks/probe_ulysses_dram.py --spec $spec --kernel $kernel --point "$point" --sample 16 \
+            --module even=probe_even/$spec.py --out "$out/probe_even_${spec}_${kernel}_${point//:/_}.json" 2>&1 | tail -1
+    done
+    ;;
+uout)
+    # The three single-tensor kernels compile led at N 4, S_local 4096 over their whole space (the even probe:
+    # no sampled config reached compile there), then the small sizes' head counts (N 2 / H 32 at S_local 1,
+    # N 8 / H 16 at 64: no entry had them, so dispatch ran the heuristic default), then the benchmarks.
+    for run in yunchang_ulysses:scatter_out yunchang_ulysses:gather_out deepspeed_ulysses_head_major:gather_out; do
+        IFS=: read -r spec kernel <<< "$run"
+        timeout 150 python3 -m layoutgen.cli tune --spec $spec --kernel $kernel --shape N=4 --shape H=32 --shape D=128 \
+            --bucket 4096 --exhaustive-limit 1000 --retune --db tuning_db --report "$out/tune_${spec}_${kernel}_exhaustive.md" 2>&1 | tail -1
+    done
+    timeout 100 python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=2 --shape H=32 --shape D=128 --bucket 1 \
+        --trials 48 --db tuning_db --report "$out/tune_ulysses_small_n2.md" 2>&1 | tail -1
+    timeout 100 python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=8 --shape H=16 --shape D=128 --bucket 64 \
+        --trials 48 --db tuning_db --report "$out/tune_ulysses_small_n8.md" 2>&1 | tail -1
+    save_and_bench_ulysses 70 60
+    ;;
+ufinal)
+    # ulysses_qkv_gqa scatter at N 4, S_local 4096 over its whole space (its last exhaustive search ran before its
+    # programs became tensor-major), the N 8 / H 16 studies uout's time limit cut, the benchmarks, the dispatch
+    # check and every GPU test.
+    timeout 130 python3 -m layoutgen.cli tune --spec ulysses_qkv_gqa --kernel scatter --shape N=4 --shape H=32 --shape D=128 \
+        --bucket 4096 --exhaustive-limit 1000 --retune --db tuning_db --report "$out/tune_ulysses_qkv_gqa_scatter_exhaustive.md" 2>&1 | tail -1
+    timeout 100 python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=8 --shape H=16 --shape D=128 --bucket 64 \
+        --trials 48 --db tuning_db --report "$out/tune_ulysses_small_n8.md" 2>&1 | tail -1
+    save_and_bench_ulysses 60 50
+    timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -4
+    ;;
+index64)
+    # The tensor-major programs' 64-bit path failed to compile (the GPU tests after ufinal): its test again, then the
+    # scatter and gather entries its fix made stale (12 TPE trials: each study measures the stale entry's config
+    # first), then the benchmarks.
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/ulysses/test_ulysses_gpu.py -k 64_bit 2>&1 | tee "$out/gpu_tests_index64.log" | tail -1
+    for grid in "N=4,8 H=32 16,1024,4096 100" "N=2,8 H=64 1024,16384 70" "N=2 H=32 1 35" "N=8 H=16 64 35"; do
+        read -r peers heads buckets seconds <<< "$grid"
+        timeout "$seconds" python3 -m layoutgen.cli tune --spec $ulysses_specs --kernel scatter --kernel gather --shape "$peers" \
+            --shape "$heads" --shape D=128 --bucket ${buckets//,/ } --trials 12 --db tuning_db \
+            --report "$out/tune_ulysses_${peers//[=,]/_}_${heads//=/_}.md" 2>&1 | tail -1
+    done
+    save_and_bench_ulysses 60 50
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

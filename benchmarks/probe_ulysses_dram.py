@@ -8,7 +8,8 @@ rules (inputs rotating by `rotating_sets`, one output, CUDA-graph replay medians
 * the copy floor in each of the copy kernel's (elements per program, warps) shapes (`bench_ulysses.copy_times`);
 * the compiled torch path, and inductor's generated code for it (written beside the JSON);
 * ours with the database's config and over `--sample K` configs of the tuner's space (seeded), for every
-  `--module LABEL=PATH` given (e.g. one rendered from a changed template) on the same configs.
+  `--module LABEL=PATH` given (e.g. one rendered from a changed template) on the same configs, the
+  database's among them.
 
 Every variant is checked byte for byte against the reference first (`bench_ulysses.Case.check`).  The
 builds run interleaved per config, so drift cancels; a build that changes the cache policy (`evict_last`)
@@ -88,7 +89,9 @@ def main() -> int:
     for item in args.module:
         label, _, path = item.partition("=")
         modules[label] = layoutgen.load(path)
-    configs = space_configs(module, args.kernel, shape, args.sample)
+    # The database's config first (every build times it too), then the sample.
+    database = module._dispatch._config(args.kernel, case.sets[0]["bufs"], None)
+    configs = {"database": database} | space_configs(module, args.kernel, shape, args.sample)
     results: dict[str, dict[str, float]] = {label: {} for label in modules}
     for name, config in configs.items():
         for label, build in modules.items():  # the builds interleaved per config, so drift cancels

@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'deepspeed_ulysses'
 SPEC_HASH = 'a2ea1b81ab1aa8532c24caf83d74b6a57c66d07319162250655d97c453d48634'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'ee1ee7797ff25ed9f3566e1cf6261c40a15feff8c45aef9bc44c3f6a5aa465a8', 'gather': 'e5541ebd63a7c954421c663ed47fc4c8053ef85da0561b1a6b959c22cf5d76d6', 'scatter_out': 'e64b38ed48e5517328d19127e55e758cff49678079ab88a0df72b0e1ed93abc3', 'gather_out': '91cc919f47c8adbbdec5444f530e57d6111e8c0e753b280c456ddbc99a391ba1'}
+SOURCE_HASHES = {'scatter': 'd09b30d60c3fca04f216aa26c0fabb600f229dcbc91aec6f2410f07ad4ce2317', 'gather': '2e245c452c4c29208749c3750a811eac94c37c2795fe986178b97aa24aadd5ed', 'scatter_out': 'e64b38ed48e5517328d19127e55e758cff49678079ab88a0df72b0e1ed93abc3', 'gather_out': '91cc919f47c8adbbdec5444f530e57d6111e8c0e753b280c456ddbc99a391ba1'}
 SPEC_SUMMARY = "DeepSpeed-Ulysses' _SeqAllToAll with seq-first tensors [S, B, H, D]: one all_to_all_single per tensor over [peer, S_local, B, H/N, D]; attention reads [S, B, H/N, D] (token-major)."
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'deepspeed_ulysses', 'transport': 'all_to_all_single', 'local': ['seq', 'batch', 'head', 'dim'], 'attention': ['seq', 'batch', 'head', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -175,6 +175,8 @@ def _scatter_kernel(
     tiles = ((BATCH + BLOCK_BATCH - 1) // BLOCK_BATCH) * ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
+    if INDEX_64:
+        program = program.to(tl.int64)  # as wide as seq_blocks: every branch's program_in_tensor one type
     seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
     if program < seq_blocks * tiles:
@@ -428,6 +430,8 @@ def _gather_kernel(
     tiles = ((BATCH + BLOCK_BATCH - 1) // BLOCK_BATCH) * ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
+    if INDEX_64:
+        program = program.to(tl.int64)  # as wide as seq_blocks: every branch's program_in_tensor one type
     seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
     if program < seq_blocks * tiles:

@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'deepspeed_ulysses_head_major'
 SPEC_HASH = '4ce67c42bcfecd70332d7c397bdc1a20d5efbacb4250aaeeaf8f33395fb116a7'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'ee1ee7797ff25ed9f3566e1cf6261c40a15feff8c45aef9bc44c3f6a5aa465a8', 'gather': 'd44fa4e4be7305e49b0eae393c4b80c4502b8017c25f0070a65eeb523c7e9dfd', 'scatter_out': 'e05ef1952492700406e0b3f2e573d155e8e7b847e9faed9e2c70260fc6399e74', 'gather_out': '91cc919f47c8adbbdec5444f530e57d6111e8c0e753b280c456ddbc99a391ba1'}
+SOURCE_HASHES = {'scatter': 'd09b30d60c3fca04f216aa26c0fabb600f229dcbc91aec6f2410f07ad4ce2317', 'gather': 'd44fa4e4be7305e49b0eae393c4b80c4502b8017c25f0070a65eeb523c7e9dfd', 'scatter_out': 'e05ef1952492700406e0b3f2e573d155e8e7b847e9faed9e2c70260fc6399e74', 'gather_out': '91cc919f47c8adbbdec5444f530e57d6111e8c0e753b280c456ddbc99a391ba1'}
 SPEC_SUMMARY = "DeepSpeed-Ulysses' wire [peer, S_local, B, H/N, D] for seq-first shards [S, B, H, D], gathered head-major for attention kernels that read [B, H/N, S, D] (torch SDPA)."
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'deepspeed_ulysses_head_major', 'transport': 'all_to_all_single', 'local': ['seq', 'batch', 'head', 'dim'], 'attention': ['batch', 'head', 'seq', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -175,6 +175,8 @@ def _scatter_kernel(
     tiles = ((BATCH + BLOCK_BATCH - 1) // BLOCK_BATCH) * ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
+    if INDEX_64:
+        program = program.to(tl.int64)  # as wide as seq_blocks: every branch's program_in_tensor one type
     seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
     if program < seq_blocks * tiles:

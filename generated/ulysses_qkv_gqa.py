@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'ulysses_qkv_gqa'
 SPEC_HASH = 'df3c019bc0899bca0fbc3cb74b66b9d439a56ca502e33e58dbb7cf9dc1ffc3f6'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': 'd8889aecc4dac41155285a7d083a79162c96e779683e304e8d372bb1cf654f16', 'gather': 'c2662a1fd3edb5d5afd54edf7ab1b6a0ddc0da67d2c870580e5c9efca2f8fe10', 'scatter_out': '7c6f04a57b55368b0691c557daa658ed0319627e34f17610dfa77e7f4bd37065', 'gather_out': '6598d86e5326c2d3010656deec7492185f9ce2c5bf598341a20b5b01271881f3'}
+SOURCE_HASHES = {'scatter': 'c31614c4777983c03bc706586e79ae1f94dac99f88a18c9c6d289f7d16820aac', 'gather': '8a9fe8aa10ae541357b15912b5445efeba8f7ca1ce173612923c24c169274e53', 'scatter_out': '7c6f04a57b55368b0691c557daa658ed0319627e34f17610dfa77e7f4bd37065', 'gather_out': '6598d86e5326c2d3010656deec7492185f9ce2c5bf598341a20b5b01271881f3'}
 SPEC_SUMMARY = "q, k and v of a GQA model (H_kv heads of k and v) in one all_to_all_single: each peer's chunk holds q, then k, then v; packed tokens [S_local, H, D] as serving engines hold them, attention reads [S, H/N, D] (varlen flash attention)."
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'ulysses_qkv_gqa', 'transport': 'all_to_all_single', 'local': ['seq', 'head', 'dim'], 'attention': ['seq', 'head', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H_kv'}, {'name': 'v', 'heads': 'H_kv'}], 'wire': ['peer', 'tensor', 'seq', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'seq', 'head', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -165,6 +165,8 @@ def _scatter_kernel(
     kv_tiles = ((KV_HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
+    if INDEX_64:
+        program = program.to(tl.int64)  # as wide as seq_blocks: every branch's program_in_tensor one type
     seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
     if program < seq_blocks * tiles:
@@ -398,6 +400,8 @@ def _gather_kernel(
     kv_tiles = ((KV_HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
+    if INDEX_64:
+        program = program.to(tl.int64)  # as wide as seq_blocks: every branch's program_in_tensor one type
     seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
     if program < seq_blocks * tiles:

@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'yunchang_ulysses'
 SPEC_HASH = '6a6c23818e0fd2697395c6056c2fd5681cbfb1969e9b1de79c00de51160e3a67'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': '771541cc295c73bad5a3b6b571e592c782d6a6ee9569cbb51e8cfb159649df5b', 'gather': 'ef2d9e9e81b039dcd5635c13d0e4d552a589fa46b0b3bd2952a726f95c6bab5d', 'scatter_out': '63cad94ac58e47fc93faea9993d7a751887522b4bd7a146c14dc30d8be38a84b', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
+SOURCE_HASHES = {'scatter': '3ae4f0a3d7b0fe7eef3008c4463fcee26a30253f518f4cb4ab7606f1b0c3c116', 'gather': '4cc4bb75d99cf03c59d84d61feb5264b6ad49943d816af410a59ccbc3cd3cf3c', 'scatter_out': '63cad94ac58e47fc93faea9993d7a751887522b4bd7a146c14dc30d8be38a84b', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
 SPEC_SUMMARY = 'yunchang / xDiT all_to_all_4D with batch-first tensors [B, S, H, D]: before attention the wire is [peer, S_local, B, H/N, D], after it [peer, H/N, S_local, B, D]; attention reads [B, S, H/N, D].'
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'yunchang_ulysses', 'transport': 'all_to_all_single', 'local': ['batch', 'seq', 'head', 'dim'], 'attention': ['batch', 'seq', 'head', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'head', 'seq', 'batch', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -175,6 +175,8 @@ def _scatter_kernel(
     tiles = ((BATCH + BLOCK_BATCH - 1) // BLOCK_BATCH) * ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
+    if INDEX_64:
+        program = program.to(tl.int64)  # as wide as seq_blocks: every branch's program_in_tensor one type
     seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
     if program < seq_blocks * tiles:
@@ -428,6 +430,8 @@ def _gather_kernel(
     tiles = ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
+    if INDEX_64:
+        program = program.to(tl.int64)  # as wide as seq_blocks: every branch's program_in_tensor one type
     seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
     if program < seq_blocks * tiles:

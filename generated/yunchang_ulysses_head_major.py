@@ -33,7 +33,7 @@ from layoutgen.ulysses import runtime as _runtime
 SPEC_NAME = 'yunchang_ulysses_head_major'
 SPEC_HASH = 'c2ecc7d2dba252ce502d09827f1aaaeb9ee9fd229e5a463cd94fc9801decd64c'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'scatter': '771541cc295c73bad5a3b6b571e592c782d6a6ee9569cbb51e8cfb159649df5b', 'gather': 'd44fa4e4be7305e49b0eae393c4b80c4502b8017c25f0070a65eeb523c7e9dfd', 'scatter_out': '581ed00013dd3405ee6fe2f4fedcfa521cd45c6987604d6f9f428291a1a69588', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
+SOURCE_HASHES = {'scatter': '3ae4f0a3d7b0fe7eef3008c4463fcee26a30253f518f4cb4ab7606f1b0c3c116', 'gather': 'd44fa4e4be7305e49b0eae393c4b80c4502b8017c25f0070a65eeb523c7e9dfd', 'scatter_out': '581ed00013dd3405ee6fe2f4fedcfa521cd45c6987604d6f9f428291a1a69588', 'gather_out': 'ed5ea5d2b2d233f0d770e6545f386b3d9e904f73d6c4805af73cb197c5e94ac6'}
 SPEC_SUMMARY = 'yunchang / xDiT all_to_all_4D wires for batch-first shards [B, S, H, D], gathered head-major for attention kernels that read [B, H/N, S, D] (torch SDPA).'
 SPEC = _parse_spec({**{'family': 'ulysses', 'name': 'yunchang_ulysses_head_major', 'transport': 'all_to_all_single', 'local': ['batch', 'seq', 'head', 'dim'], 'attention': ['batch', 'head', 'seq', 'dim'], 'to_attention': {'tensors': [{'name': 'q', 'heads': 'H'}, {'name': 'k', 'heads': 'H'}, {'name': 'v', 'heads': 'H'}], 'wire': ['peer', 'seq', 'batch', 'head', 'dim']}, 'from_attention': {'tensors': [{'name': 'out', 'heads': 'H'}], 'wire': ['peer', 'head', 'seq', 'batch', 'dim']}}, "summary": SPEC_SUMMARY}, source=__name__)
 TRANSPORT = 'all_to_all_single'
@@ -175,6 +175,8 @@ def _scatter_kernel(
     tiles = ((BATCH + BLOCK_BATCH - 1) // BLOCK_BATCH) * ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD) * ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
     # Grid x: each tensor's seq blocks in turn, each followed by its boxes; grid y: the axes outside seq.
     program = tl.program_id(0)
+    if INDEX_64:
+        program = program.to(tl.int64)  # as wide as seq_blocks: every branch's program_in_tensor one type
     seq_blocks = (seq_len + BLOCK_SEQ - 1) // BLOCK_SEQ
     outer = tl.program_id(1)
     if program < seq_blocks * tiles:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import itertools
 import os
 import random
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -326,3 +328,11 @@ def pairwise(factors: dict[str, tuple[Any, ...]], seed: int = 21, candidates: in
         uncovered -= {(x, best[x], y, best[y]) for x, y in itertools.combinations(names, 2)}
         cases.append({name: factors[name][best[name]] for name in names})
     return cases
+
+
+def compile_offline_in_subprocess(specs: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """`python -m layoutgen.tuning.offline SPEC ...` (bundled names or module paths)."""
+    # Compiled, not interpreted: the kernels must be JIT functions, so the interpreter stays off here.
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    command = [sys.executable, "-m", "layoutgen.tuning.offline", *specs]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
