@@ -55,3 +55,40 @@ def test_random_dcp_specs_compile_for_sm90_with_32_and_64_bit_offsets(
     result = compile_offline_in_subprocess(paths)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == len(paths) * 2 * 2
+
+
+def test_build_reports_a_kernel_that_does_not_compile_and_fails(tmp_path: Path) -> None:
+    """`layoutgen build`'s verification adds the offline compile: the bundled qkv module with the 64-bit fix
+    taken out (its program id left int32) fails at scatter and gather, 64-bit, with the compiler's reason."""
+    from layoutgen.cli.build import _with_offline_compiles
+    from layoutgen.family import VerifyReport
+    from layoutgen.loader import generated_dir
+
+    fix = "    if INDEX_64:\n        program = program.to(tl.int64)"
+    source = (generated_dir() / "ulysses_qkv_gqa.py").read_text(encoding="utf-8")
+    assert source.count(fix) == 2  # scatter's and gather's tensor-major walk
+    broken = tmp_path / "ulysses_qkv_gqa.py"
+    broken.write_text(source.replace(fix, "    if INDEX_64:\n        pass"), encoding="utf-8")
+    report = VerifyReport("ulysses_qkv_gqa", "ulysses", (), ())
+    (checked,) = _with_offline_compiles([broken], [report])
+    failed = {check.kernel: check.detail for check in checked.checks if not check.passed}
+    assert sorted(failed) == ["gather", "scatter"], checked.checks
+    assert all("(64-bit)" in detail and "Mismatched type for program_in_tensor" in detail for detail in failed.values())
+    assert len(checked.failures) == 2 and not checked.ok
+    assert sorted(check.kernel for check in checked.checks if check.passed) == ["gather_out", "scatter_out"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ulysses_qkv_gqa.py"]  # no __pycache__ beside it
+
+
+def test_build_skips_the_compiles_where_triton_cannot_compile_for_nvidia(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Triton without the NVIDIA toolchain (e.g. a ROCm build) says so once and leaves the reports as they are."""
+    from layoutgen.cli.build import _with_offline_compiles
+    from layoutgen.family import VerifyReport
+    from layoutgen.loader import generated_dir
+    from layoutgen.tuning import offline
+
+    monkeypatch.setattr(offline, "unavailable", lambda: "this Triton has no NVIDIA backend")
+    report = VerifyReport("ulysses_qkv_gqa", "ulysses", (), ())
+    assert _with_offline_compiles([generated_dir() / "ulysses_qkv_gqa.py"], [report]) == [report]
+    assert "not compiled for sm_90: this Triton has no NVIDIA backend" in capsys.readouterr().out

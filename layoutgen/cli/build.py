@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from layoutgen.cli.common import CommandFailed, bad_input, console, resolve_spec_source, say
+from layoutgen.tuning.offline import ARCH
 
 
 def _spec_sources(spec_files: list[str] | None) -> tuple[list[tuple[Any, Path]], bool]:
@@ -112,6 +113,7 @@ def verify_modules(paths: list[Path]) -> None:
                 reports.append(get_family(module.SPEC.family).verify(module, device))
     finally:
         sys.dont_write_bytecode = write_bytecode
+    reports = _with_offline_compiles(paths, reports)
     say(f"verified against each family's torch reference ({where}):")
     kernel_width = max((len(check.kernel) for report in reports for check in report.checks), default=0)
     for report in reports:
@@ -122,6 +124,47 @@ def verify_modules(paths: list[Path]) -> None:
         for failure in failed[:20]:
             say(failure, "red", err=True)
         raise CommandFailed(f"{len(failed)} verification failure(s)", code=1)
+
+
+def _with_offline_compiles(paths: list[Path], reports: list[Any]) -> list[Any]:
+    """Each report with a row per kernel for its compile for sm_90 at 32- and 64-bit offsets (DCP and Ulysses
+    modules): the interpreter runs a kernel's Python and never sees what only Triton's compiler refuses, and
+    a GPU run compiles only the shapes it meets."""
+    import dataclasses
+
+    from layoutgen.family import Check
+    from layoutgen.tuning.offline import FAMILIES, check_in_subprocesses, unavailable
+
+    wanted = [str(path) for path, report in zip(paths, reports, strict=True) if report.family in FAMILIES]
+    reason = unavailable() if wanted else None
+    if reason is not None:
+        say(f"not compiled for sm_{ARCH}: {reason}", "yellow")
+        return reports
+    compiled = check_in_subprocesses(wanted) if wanted else {}
+    updated = []
+    for path, report in zip(paths, reports, strict=True):
+        results = compiled.get(str(path))
+        if results is None:
+            updated.append(report)
+            continue
+        checks, failures = [], []
+        for kernel in dict.fromkeys(result["kernel"] for result in results):
+            errors = [result for result in results if result["kernel"] == kernel and result["error"]]
+            if not errors:
+                checks.append(Check(kernel, True, f"compiles for sm_{ARCH} with 32- and 64-bit offsets"))
+                continue
+            widths = ", ".join(result["width"] for result in errors)
+            first = errors[0]["error"].strip().splitlines()
+            checks.append(
+                Check(kernel, False, f"does not compile for sm_{ARCH} ({widths}): {first[-1] if first else ''}")
+            )
+            failures += [
+                f"{report.spec_name} {kernel} ({e['width']}) does not compile: {e['error'][-1500:]}" for e in errors
+            ]
+        updated.append(
+            dataclasses.replace(report, checks=(*report.checks, *checks), failures=(*report.failures, *failures))
+        )
+    return updated
 
 
 def checks_table(report: Any, kernel_width: int) -> Table:

@@ -79,8 +79,31 @@ def compile_offline(module: ModuleType, job: Mapping[str, Any], arch: int = 90) 
     return compiled.result() if hasattr(compiled, "result") else compiled
 
 
+#: The families whose kernels have offline shapes here (`_jobs`); another family's kernels are compiled only
+#: where they run.
+FAMILIES = ("dcp", "ulysses")
+#: Architecture the checks compile for: the H200's (the only GPU this project's numbers come from).
+ARCH = 90
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot compile for NVIDIA GPUs offline (no CUDA backend or ptxas in its Triton), else
+    None: `build` then says so once and skips the compiles, which are a check, not a build step."""
+    try:
+        import triton.backends
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        if "nvidia" not in triton.backends.backends:
+            return "this Triton has no NVIDIA backend"
+        if get_ptxas(ARCH) is None:
+            return "no ptxas in this Triton"
+    except Exception as error:  # any failure to find the toolchain means the same: no offline compile here
+        return f"no ptxas in this Triton ({type(error).__name__}: {error})"
+    return None
+
+
 def _jobs(spec: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(label, compile job) of every kernel of `spec` at a small shape (32-bit offsets, odd sizes) and at one
+    """(width, compile job) of every kernel of `spec` at a small shape (32-bit offsets, odd sizes) and at one
     past 2**31 elements (64-bit offsets), each with the family's heuristic default config."""
     from layoutgen.family import get_family
 
@@ -95,18 +118,20 @@ def _jobs(spec: Any) -> list[tuple[str, dict[str, Any]]]:
 
         gqa = spec.uses(HeadCount.H_KV)
         # 266240 x 64 heads x 128 = 2.2e9 elements in every tensor, whichever head count it has.
-        for label, (N, S_local, H, H_kv, D) in {"32-bit": (2, 3, 6, 2, 24), "64-bit": (2, 266240, 64, 64, 128)}.items():
+        for width, (N, S_local, H, H_kv, D) in {"32-bit": (2, 3, 6, 2, 24), "64-bit": (2, 266240, 64, 64, 128)}.items():
             values = {"N": N, "S_local": S_local, "B": 1, "H": H, "H_kv": H_kv if gqa else H, "D": D}
             shape = Shape(**values, dtype=torch.bfloat16)
             for decl in family.kernels:
                 config = runtime_default(spec, decl.name, shape).as_dict()
-                jobs.append((label, {"kernel": decl.name, "config": config, **values, "dtype": "bfloat16"}))
+                jobs.append((width, {"kernel": decl.name, "config": config, **values, "dtype": "bfloat16"}))
         return jobs
+    if spec.family != "dcp":
+        return []
     from layoutgen.tuning.problem import Problem
 
     N, H, D = 2, 128, 512
     # 32784 rows x 128 heads x 512 = 2.1e9 elements of out.
-    for label, batch in {"32-bit": 5, "64-bit": 32784}.items():
+    for width, batch in {"32-bit": 5, "64-bit": 32784}.items():
         for decl in family.kernels:
             problem = Problem(spec, decl.name, (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
             config = family.default_config(problem, batch).as_dict()
@@ -114,30 +139,72 @@ def _jobs(spec: Any) -> list[tuple[str, dict[str, Any]]]:
                    "batch": batch, "capacity": -(-batch // 16) * 16}  # fmt: skip
             if decl.name == "pack":
                 job["pack_forms"] = ((True, False), (False, True), (True, True))  # empty mask, (max, sum) in, both
-            jobs.append((label, job))
+            jobs.append((width, job))
     return jobs
 
 
-def check_spec(name: str, arch: int = 90) -> list[str]:
-    """Compile every kernel of the bundled or generated module `name` for `arch` at both offset widths;
-    one line per kernel and width, "ok" or the compiler's complaint."""
+def check_module(name_or_path: str, arch: int = ARCH) -> list[dict[str, str]]:
+    """Compile every kernel of a bundled spec's module (or a generated module's path) for `arch` at both
+    offset widths: one {"kernel", "width", "error"} per compile ("error" empty when it compiled)."""
     from layoutgen.loader import load
 
-    module = load(name)
-    lines = []
-    for label, job in _jobs(module.SPEC):
+    module = load(name_or_path)
+    results = []
+    for width, job in _jobs(module.SPEC):
         try:
             compile_offline(module, job, arch)
         except Exception as error:  # every complaint is reported, not only the first
-            lines.append(f"FAILED {name} {job['kernel']} {label}: {type(error).__name__}: {str(error)[-2000:]}")
+            results.append({"kernel": job["kernel"], "width": width, "error": f"{type(error).__name__}: {error}"})
         else:
-            lines.append(f"ok {name} {job['kernel']} {label}")
-    return lines
+            results.append({"kernel": job["kernel"], "width": width, "error": ""})
+    return results
+
+
+def check_in_subprocesses(paths: list[str], workers: int | None = None) -> dict[str, list[dict[str, str]]]:
+    """`check_module` of each path, in parallel processes without `TRITON_INTERPRET` (under it a module's
+    kernels are interpreted functions, which do not compile); a process that dies reports its stderr."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # `build --out D` writes D/<name>.py and nothing else
+
+    def run(path: str) -> list[dict[str, str]]:
+        command = [sys.executable, "-m", "layoutgen.tuning.offline", "--json", path]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
+        try:
+            return list(json.loads(done.stdout)[path])
+        except (ValueError, KeyError, TypeError):
+            return [{"kernel": "(all)", "width": "", "error": f"the compile process failed: {done.stderr[-2000:]}"}]
+
+    with ThreadPoolExecutor(max_workers=workers or min(len(paths), os.cpu_count() or 1) or 1) as pool:
+        return dict(zip(paths, pool.map(run, paths), strict=True))
+
+
+def main(arguments: list[str]) -> int:
+    """`python -m layoutgen.tuning.offline [--json] SPEC|PATH ...`: a line per compile (or one JSON object
+    of every module's results); exit 1 when any failed."""
+    import json
+
+    as_json = "--json" in arguments
+    names = [argument for argument in arguments if argument != "--json"]
+    results = {name: check_module(name) for name in names}
+    if as_json:
+        print(json.dumps(results))
+    else:
+        for name, checks in results.items():
+            for check in checks:
+                status = f"FAILED {name}" if check["error"] else f"ok {name}"
+                print(
+                    f"{status} {check['kernel']} {check['width']}" + (f": {check['error']}" if check["error"] else "")
+                )
+    return 1 if any(check["error"] for checks in results.values() for check in checks) else 0
 
 
 if __name__ == "__main__":
     import sys
 
-    report = [line for spec_name in sys.argv[1:] for line in check_spec(spec_name)]
-    print("\n".join(report))
-    raise SystemExit(1 if any(line.startswith("FAILED") for line in report) else 0)
+    raise SystemExit(main(sys.argv[1:]))
