@@ -238,6 +238,13 @@ class Family(ABC):
         """Run the kernel's launcher with `meta` tensors for the variant `job` (`Workload.compile_job`) and
         `kernel_proxy` as the kernel: the tuner's compile pool compiles without launching."""
 
+    def offline_jobs(self, spec: Any) -> list[tuple[str, dict[str, Any]]]:
+        """(offset width, compile job) pairs that `layoutgen build` compiles for sm_90 without a GPU
+        (`layoutgen.tuning.offline`): every kernel at a small shape and at one past 2**31 elements, as jobs
+        `compile_variant` reads.  The interpreter runs a kernel's Python and never sees what only Triton's
+        compiler refuses; a family that declares none (the default) is compiled only where it runs."""
+        return []
+
     # -- show / diff ---------------------------------------------------------------------------------------
     @abstractmethod
     def byte_layout(self, spec: Any, shape: Mapping[str, int], dtype: str) -> ByteLayout:
@@ -307,6 +314,12 @@ def _from_environment() -> dict[str, str]:
 
 def _known() -> dict[str, str]:
     return {**BUILTIN_FAMILIES, **_from_environment(), **_registered}
+
+
+def registered_outside() -> dict[str, str]:
+    """The families this process knows beyond the built-in ones (`LAYOUTGEN_FAMILIES` and `register`), as
+    `LAYOUTGEN_FAMILIES` would name them: what a child process needs to load the same specs."""
+    return {name: module for name, module in _known().items() if name not in BUILTIN_FAMILIES}
 
 
 def family_names() -> list[str]:

@@ -73,6 +73,8 @@ def test_a_family_from_a_temporary_directory_builds_verifies_tunes_dispatches_an
     built = CliRunner().invoke(app, expand_arguments(["build", "--spec", str(spec_file), "--out", str(out)]))
     assert built.exit_code == 0, built.output
     assert "transposed_copy" in built.output and "bytes identical" in built.output
+    # Its offline compile ran in a child process that found the family registered here.
+    assert "compiles for sm_90 with 32-bit offsets" in built.output, built.output
 
     module = load_path(out / "transposed_copy.py")
     source = torch.randn(5, 7)[:, ::1]

@@ -127,15 +127,17 @@ def verify_modules(paths: list[Path]) -> None:
 
 
 def _with_offline_compiles(paths: list[Path], reports: list[Any]) -> list[Any]:
-    """Each report with a row per kernel for its compile for sm_90 at 32- and 64-bit offsets (DCP and Ulysses
-    modules): the interpreter runs a kernel's Python and never sees what only Triton's compiler refuses, and
-    a GPU run compiles only the shapes it meets."""
+    """Each report with a row per kernel for its compile for sm_90 at 32- and 64-bit offsets (the modules whose
+    family declares `offline_jobs`): the interpreter runs a kernel's Python and never sees what only Triton's
+    compiler refuses, and a GPU run compiles only the shapes it meets."""
     import dataclasses
 
-    from layoutgen.family import Check
-    from layoutgen.tuning.offline import FAMILIES, check_in_subprocesses, unavailable
+    from layoutgen.family import Check, Family, get_family
+    from layoutgen.tuning.offline import check_in_subprocesses, unavailable
 
-    wanted = [str(path) for path, report in zip(paths, reports, strict=True) if report.family in FAMILIES]
+    # Only the modules of families that declare offline jobs go to a compile process.
+    declares = {r.family: type(get_family(r.family)).offline_jobs is not Family.offline_jobs for r in reports}
+    wanted = [str(path) for path, report in zip(paths, reports, strict=True) if declares[report.family]]
     reason = unavailable() if wanted else None
     if reason is not None:
         say(f"not compiled for sm_{ARCH}: {reason}", "yellow")
@@ -149,18 +151,19 @@ def _with_offline_compiles(paths: list[Path], reports: list[Any]) -> list[Any]:
             continue
         checks, failures = [], []
         for kernel in dict.fromkeys(result["kernel"] for result in results):
-            errors = [result for result in results if result["kernel"] == kernel and result["error"]]
-            if not errors:
-                checks.append(Check(kernel, True, f"compiles for sm_{ARCH} with 32- and 64-bit offsets"))
+            mine = [result for result in results if result["kernel"] == kernel]
+            errors = [result for result in mine if result["error"]]
+            if errors:
+                last_line = (errors[0]["error"].strip().splitlines() or [""])[-1]
+                failed = ", ".join(result["width"] for result in errors)
+                checks.append(Check(kernel, False, f"does not compile for sm_{ARCH} ({failed}): {last_line}"))
+                failures += [
+                    f"{report.spec_name} {kernel} ({e['width']}) does not compile: {e['error'][-1500:]}" for e in errors
+                ]
                 continue
-            widths = ", ".join(result["width"] for result in errors)
-            first = errors[0]["error"].strip().splitlines()
-            checks.append(
-                Check(kernel, False, f"does not compile for sm_{ARCH} ({widths}): {first[-1] if first else ''}")
-            )
-            failures += [
-                f"{report.spec_name} {kernel} ({e['width']}) does not compile: {e['error'][-1500:]}" for e in errors
-            ]
+            widths = [result["width"].removesuffix("-bit") for result in mine]  # "32", "64"
+            offsets = "- and ".join(widths) + "-bit"  # "32- and 64-bit"
+            checks.append(Check(kernel, True, f"compiles for sm_{ARCH} with {offsets} offsets"))
         updated.append(
             dataclasses.replace(report, checks=(*report.checks, *checks), failures=(*report.failures, *failures))
         )

@@ -182,6 +182,23 @@ class DcpFamily(Family):
             index_64 = needs_int64(out, *bufs.tensors.values())
             module._launch_combine(bufs, batch, out, None, False, config, index_64, kernel=kernel_proxy)
 
+    def offline_jobs(self, spec: Any) -> list[tuple[str, dict[str, Any]]]:
+        """Both kernels with their heuristic defaults at N 2, H 128, D 512 and B 5 (32-bit offsets) or 32784
+        (2.1e9 elements of out: 64-bit offsets); pack also in its masked and (max, sum) forms."""
+        from layoutgen.tuning.problem import Problem
+
+        N, H, D = 2, 128, 512
+        jobs = []
+        for width, batch in {"32-bit": 5, "64-bit": 32784}.items():
+            for decl in self.kernels:
+                problem = Problem(spec, decl.name, (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
+                job = {"kernel": decl.name, "config": self.default_config(problem, batch).as_dict(), "N": N, "H": H,
+                       "D": D, "dtype": "bfloat16", "batch": batch, "capacity": -(-batch // 16) * 16}  # fmt: skip
+                if decl.name == "pack":
+                    job["pack_forms"] = ((True, False), (False, True), (True, True))  # empty mask, (max, sum), both
+                jobs.append((width, job))
+        return jobs
+
     def byte_layout(self, spec: Any, shape: Mapping[str, int], dtype: str) -> Any:
         from layoutgen.dcp.show import byte_layout
 

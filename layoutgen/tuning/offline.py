@@ -6,11 +6,13 @@ backend accepts.  The tensor-major Ulysses programs' 64-bit path failed that way
 CPU test passed (`program_in_tensor` int32 in one branch, int64 in the other).  Here the family's
 `compile_variant` runs the module's own launcher on `meta` tensors, as the tuner's compile pool does, so
 Triton binds and specialises every argument as a real launch would, and compiles for `arch` with the
-`ptxas` that ships with Triton.
+`ptxas` that ships with Triton.  The jobs are the family's `offline_jobs(spec)`; a family that declares
+none is compiled only where it runs.
 
 Relies on Triton 3.6 internals (`triton.runtime.driver.set_active` and its `_active`, `JITFunction.run(...,
 warmup=True)`), and needs a process without `TRITON_INTERPRET` (under it `@triton.jit` gives interpreted
-functions, which cannot compile): `tests/test_offline_compile.py` runs it in a subprocess.
+functions, which cannot compile): `layoutgen build` and the tests run it in child processes
+(`check_in_subprocesses`).
 """
 
 from __future__ import annotations
@@ -79,9 +81,6 @@ def compile_offline(module: ModuleType, job: Mapping[str, Any], arch: int = 90) 
     return compiled.result() if hasattr(compiled, "result") else compiled
 
 
-#: The families whose kernels have offline shapes here (`_jobs`); another family's kernels are compiled only
-#: where they run.
-FAMILIES = ("dcp", "ulysses")
 #: Architecture the checks compile for: the H200's (the only GPU this project's numbers come from).
 ARCH = 90
 
@@ -102,55 +101,15 @@ def unavailable() -> str | None:
     return None
 
 
-def _jobs(spec: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(width, compile job) of every kernel of `spec` at a small shape (32-bit offsets, odd sizes) and at one
-    past 2**31 elements (64-bit offsets), each with the family's heuristic default config."""
-    from layoutgen.family import get_family
-
-    family = get_family(spec.family)
-    jobs: list[tuple[str, dict[str, Any]]] = []
-    if spec.family == "ulysses":
-        import torch
-
-        from layoutgen.ulysses.config import runtime_default
-        from layoutgen.ulysses.layout import Shape
-        from layoutgen.ulysses.spec import HeadCount
-
-        gqa = spec.uses(HeadCount.H_KV)
-        # 266240 x 64 heads x 128 = 2.2e9 elements in every tensor, whichever head count it has.
-        for width, (N, S_local, H, H_kv, D) in {"32-bit": (2, 3, 6, 2, 24), "64-bit": (2, 266240, 64, 64, 128)}.items():
-            values = {"N": N, "S_local": S_local, "B": 1, "H": H, "H_kv": H_kv if gqa else H, "D": D}
-            shape = Shape(**values, dtype=torch.bfloat16)
-            for decl in family.kernels:
-                config = runtime_default(spec, decl.name, shape).as_dict()
-                jobs.append((width, {"kernel": decl.name, "config": config, **values, "dtype": "bfloat16"}))
-        return jobs
-    if spec.family != "dcp":
-        return []
-    from layoutgen.tuning.problem import Problem
-
-    N, H, D = 2, 128, 512
-    # 32784 rows x 128 heads x 512 = 2.1e9 elements of out.
-    for width, batch in {"32-bit": 5, "64-bit": 32784}.items():
-        for decl in family.kernels:
-            problem = Problem(spec, decl.name, (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
-            config = family.default_config(problem, batch).as_dict()
-            job = {"kernel": decl.name, "config": config, "N": N, "H": H, "D": D, "dtype": "bfloat16",
-                   "batch": batch, "capacity": -(-batch // 16) * 16}  # fmt: skip
-            if decl.name == "pack":
-                job["pack_forms"] = ((True, False), (False, True), (True, True))  # empty mask, (max, sum) in, both
-            jobs.append((width, job))
-    return jobs
-
-
 def check_module(name_or_path: str, arch: int = ARCH) -> list[dict[str, str]]:
     """Compile every kernel of a bundled spec's module (or a generated module's path) for `arch` at both
     offset widths: one {"kernel", "width", "error"} per compile ("error" empty when it compiled)."""
+    from layoutgen.family import get_family
     from layoutgen.loader import load
 
     module = load(name_or_path)
     results = []
-    for width, job in _jobs(module.SPEC):
+    for width, job in get_family(module.SPEC.family).offline_jobs(module.SPEC):
         try:
             compile_offline(module, job, arch)
         except Exception as error:  # every complaint is reported, not only the first
@@ -169,8 +128,15 @@ def check_in_subprocesses(paths: list[str], workers: int | None = None) -> dict[
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
+    from layoutgen.family import registered_outside
+
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # `build --out D` writes D/<name>.py and nothing else
+    # The child loads the same specs: the families registered here, importable from the same path.
+    outside = registered_outside()
+    if outside:
+        env["LAYOUTGEN_FAMILIES"] = ",".join(f"{name}={module}" for name, module in outside.items())
+    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
 
     def run(path: str) -> list[dict[str, str]]:
         command = [sys.executable, "-m", "layoutgen.tuning.offline", "--json", path]

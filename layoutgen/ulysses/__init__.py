@@ -255,6 +255,25 @@ class UlyssesFamily(Family):
 
         launch_on_meta(module, job, kernel_proxy)
 
+    def offline_jobs(self, spec: Any) -> list[tuple[str, dict[str, Any]]]:
+        """Every kernel with its heuristic default at N 2, S_local 3, H 6, H_kv 2, D 24 (32-bit offsets) and at
+        N 2, S_local 266240, H = H_kv = 64, D 128 (2.2e9 elements in every tensor: 64-bit offsets)."""
+        import torch
+
+        from layoutgen.ulysses.config import runtime_default
+        from layoutgen.ulysses.layout import Shape
+        from layoutgen.ulysses.spec import HeadCount
+
+        gqa = spec.uses(HeadCount.H_KV)
+        jobs = []
+        for width, (N, S_local, H, H_kv, D) in {"32-bit": (2, 3, 6, 2, 24), "64-bit": (2, 266240, 64, 64, 128)}.items():
+            values = {"N": N, "S_local": S_local, "B": 1, "H": H, "H_kv": H_kv if gqa else H, "D": D}
+            shape = Shape(**values, dtype=torch.bfloat16)
+            for decl in self.kernels:
+                config = runtime_default(spec, decl.name, shape).as_dict()
+                jobs.append((width, {"kernel": decl.name, "config": config, **values, "dtype": "bfloat16"}))
+        return jobs
+
     def byte_layout(self, spec: Any, shape: Mapping[str, int], dtype: str) -> Any:
         from layoutgen.ulysses.show import byte_layout
 

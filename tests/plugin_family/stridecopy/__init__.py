@@ -118,6 +118,15 @@ class StrideCopy(Family):
         src = torch.empty(job["rows"], job["cols"], device="meta")
         module._launch_copy(src, torch.empty_like(src), CopyConfig.from_dict(job["config"]), kernel=kernel_proxy)
 
+    def offline_jobs(self, spec: Any) -> list[tuple[str, dict[str, Any]]]:
+        # 32-bit offsets only: this copy has no 64-bit path.
+        return [
+            (
+                "32-bit",
+                {"kernel": "copy", "config": CopyConfig(block_row=4, block_col=8).as_dict(), "rows": 5, "cols": 7},
+            )
+        ]
+
     def byte_layout(self, spec: Any, shape: Mapping[str, int], dtype: str) -> Any:
         from layoutgen.show.model import Buffer, ByteLayout, Kind, Legend, Look, Placement, axes_label
 
