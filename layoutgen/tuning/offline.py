@@ -140,7 +140,10 @@ def check_in_subprocesses(paths: list[str], workers: int | None = None) -> dict[
 
     def run(path: str) -> list[dict[str, str]]:
         command = [sys.executable, "-m", "layoutgen.tuning.offline", "--json", path]
-        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
+        except subprocess.TimeoutExpired:
+            return [{"kernel": "(all)", "width": "", "error": "the compile process ran past 900 s"}]
         try:
             return list(json.loads(done.stdout)[path])
         except (ValueError, KeyError, TypeError):
