@@ -185,15 +185,19 @@ class DcpFamily(Family):
     def offline_jobs(self, spec: Any) -> list[tuple[str, dict[str, Any]]]:
         """Both kernels with their heuristic defaults at N 2, H 128, D 512 and B 5 (32-bit offsets) or 32784
         (2.1e9 elements of out: 64-bit offsets); pack also in its masked and (max, sum) forms."""
+        import torch
+
+        from layoutgen.tuning.objective import capacity_for
         from layoutgen.tuning.problem import Problem
 
         N, H, D = 2, 128, 512
         jobs = []
         for width, batch in {"32-bit": 5, "64-bit": 32784}.items():
+            capacity = capacity_for(batch, torch.device("cuda"))  # what the tuner allocates on a GPU
             for decl in self.kernels:
                 problem = Problem(spec, decl.name, (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
                 job = {"kernel": decl.name, "config": self.default_config(problem, batch).as_dict(), "N": N, "H": H,
-                       "D": D, "dtype": "bfloat16", "batch": batch, "capacity": -(-batch // 16) * 16}  # fmt: skip
+                       "D": D, "dtype": "bfloat16", "batch": batch, "capacity": capacity}  # fmt: skip
                 if decl.name == "pack":
                     job["pack_forms"] = ((True, False), (False, True), (True, True))  # empty mask, (max, sum), both
                 jobs.append((width, job))

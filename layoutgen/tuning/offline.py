@@ -21,6 +21,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+#: Architecture the checks compile for: the H200's (the only GPU this project's numbers come from).
+ARCH = 90
+
 
 class _OfflineDriver:
     """Answers what Triton's JIT asks of the active driver before compiling; launches nothing."""
@@ -59,7 +62,7 @@ class _CompileOnly:
         return run
 
 
-def compile_offline(module: ModuleType, job: Mapping[str, Any], arch: int = 90) -> Any:
+def compile_offline(module: ModuleType, job: Mapping[str, Any], arch: int = ARCH) -> Any:
     """Compile the kernel of `job` (the family's compile-job dict: kernel, config, shape, dtype) for
     compute capability `arch` (x 10); the compiled kernel (`.asm["cubin"]`, `.metadata`)."""
     import triton.runtime.driver
@@ -79,10 +82,6 @@ def compile_offline(module: ModuleType, job: Mapping[str, Any], arch: int = 90) 
     if compiled is None:
         raise RuntimeError(f"the launcher of {job['kernel']} launched nothing")
     return compiled.result() if hasattr(compiled, "result") else compiled
-
-
-#: Architecture the checks compile for: the H200's (the only GPU this project's numbers come from).
-ARCH = 90
 
 
 def unavailable() -> str | None:
