@@ -135,9 +135,15 @@ def main() -> int:
         args.device = "cuda" if torch.cuda.device_count() >= args.world_size else "cpu"
     if args.device == "cuda" and torch.cuda.device_count() < args.world_size:
         parser.error(f"--device cuda needs {args.world_size} GPUs, found {torch.cuda.device_count()}")
+    for name in ("world_size", "seq_per_rank", "batch", "heads", "kv_heads", "head_dim"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     import layoutgen
 
-    spec = layoutgen.load(args.spec).SPEC
+    try:
+        spec = layoutgen.load(args.spec).SPEC
+    except ValueError as error:
+        parser.error(f"--spec {args.spec}: {error}")
     if spec.family != "ulysses" or spec.transport.value != "all_to_all_single":
         parser.error(f"--spec {args.spec}: pick a ulysses spec with transport all_to_all_single")
     heads = {t.name: t.heads.value for t in spec.to_attention.tensors}

@@ -130,6 +130,20 @@ _FIX_HINTS: dict[str, str] = {
 }
 
 
+#: pydantic's error types for a value of the wrong kind, which its messages word in Python's terms.
+_WANTS_LIST = frozenset({"tuple_type", "list_type"})
+_WANTS_MAPPING = frozenset({"model_type", "dict_type", "model_attributes_type"})
+
+
+def _given(item: Any) -> str:
+    """The value a spec gave where another kind was wanted, as the report shows it."""
+    value = item.get("input")
+    if value is None:
+        return "nothing (null)"
+    kind = {str: "a string", int: "a number", float: "a number", bool: "true/false", list: "a list", dict: "a mapping"}
+    return f"{kind.get(type(value), type(value).__name__)} {_shown(repr(value), limit=60)}"
+
+
 def _shown(text: str, limit: int = 80) -> str:
     """Text that may quote the spec (unknown keys, values, the file name) as a report shows it: control and
     format characters escaped, so it stays on its line and draws as written; at most `limit` characters."""
@@ -146,6 +160,10 @@ def _problems_from(error: ValidationError) -> list[tuple[str, str]]:
             continue
         field = _shown(".".join(str(part) for part in item["loc"])) or "(top level)"
         message = _FIX_HINTS.get(item["type"], item["msg"].removeprefix("Value error, "))
+        if item["type"] in _WANTS_LIST:
+            message = f"must be a list ([a, b, c], or one `- item` per line); got {_given(item)}"
+        elif item["type"] in _WANTS_MAPPING:
+            message = f"must be a mapping of keys (see {SCHEMA_DOC} for this field's keys); got {_given(item)}"
         if item["type"] == "string_pattern_mismatch" and item["loc"] == ("name",):
             message = f"must match {NAME_PATTERN} (lower-case letter, then lower-case letters, digits, _)"
         problems.append((field, _shown(message, limit=400)))  # messages may quote the spec's own values

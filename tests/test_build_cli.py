@@ -111,6 +111,33 @@ def test_two_specs_with_one_name_is_a_short_error(tmp_path):
     assert "Traceback" not in result.stderr and "both have name 'pynccl_a2a'" in result.stderr
 
 
+def test_a_spec_file_without_out_is_refused_and_the_checkout_kept(tmp_path):
+    # The checkout's generated/ holds the bundled specs' modules: a spec file named like a bundled spec would
+    # replace its module, any other would be an orphan `build --check` fails on.
+    from layoutgen.loader import generated_dir
+
+    bundled_module = generated_dir() / "pynccl_a2a.py"
+    before = bundled_module.read_bytes()
+    shadow = _write_spec(tmp_path / "shadow.yaml", {**yaml.safe_load(PYNCCL_SPEC.read_text()), "summary": "mine"})
+    mine = _write_spec(tmp_path / "mine.yaml", {**yaml.safe_load(PYNCCL_SPEC.read_text()), "name": "mine"})
+    for spec, consequence in ((shadow, "replace the module of the bundled spec 'pynccl_a2a'"), (mine, "stale")):
+        result = layoutgen("build", "--spec", str(spec), "--no-verify", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        message = " ".join(result.stderr.split())
+        assert "Traceback" not in result.stderr and "pass --out DIR" in message and consequence in message
+    assert bundled_module.read_bytes() == before
+    assert not (generated_dir() / "mine.py").exists()
+
+
+def test_one_spec_named_twice_is_built_once(tmp_path):
+    out = tmp_path / "o"
+    result = layoutgen(
+        "build", "--spec", "pynccl_a2a", "--spec", str(PYNCCL_SPEC), "--out", str(out), "--no-verify", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["pynccl_a2a.py"]
+
+
 def test_unknown_option_is_a_usage_error(tmp_path):
     result = layoutgen("build", "--bogus", cwd=tmp_path)
     assert result.returncode == 2

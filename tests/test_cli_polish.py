@@ -494,7 +494,7 @@ def test_tune_prints_markup_like_paths_as_written(
     args = ["tune", "--interpret", "--spec", "pynccl_a2a", "--kernel", "pack", *shape, "--workers", "1"]
     code, out, err = run_main([*args, "--db", str(db), "--report", str(report)], capsys, monkeypatch)
     assert code == 0, out + err
-    assert f"studies in journal file {cache / 'tuning' / 'studies.journal'};" in " ".join(out.split())
+    assert f"studies in journal file {cache / 'tuning' / 'studies.journal'}\n" in out
     assert f"1 decision(s) recorded in {db / 'cpu-interpreter.json'}" in out
     assert read_database(db / "cpu-interpreter.json").entries and report.read_text().startswith("# layoutgen tune")
 

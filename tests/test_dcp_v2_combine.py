@@ -11,9 +11,11 @@ TensorRT-LLM's helix post-processing is checked against the baseline of its own 
 
 from __future__ import annotations
 
+import fractions
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from conftest import NAN_BYTE, requires_interpreter
@@ -252,6 +254,24 @@ def test_scale_must_be_a_number(scale: Any, v2_modules: dict[str, ModuleType]) -
     bufs = module.alloc(2, 2, 4, 8, torch.bfloat16)
     with pytest.raises(TypeError, match="scale must be a Python float"):
         module.combine(bufs, 2, scale=scale)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), 1e39, -4e38])
+def test_scale_must_be_finite_in_float32(scale: float, v2_modules: dict[str, ModuleType]) -> None:
+    # The merge is scaled in float32: 1e39 would be inf there, and 0 * inf turns a row that merges to 0 NaN.
+    module = v2_modules["vllm_a2a"]
+    bufs = module.alloc(2, 2, 4, 8, torch.bfloat16)
+    with pytest.raises(ValueError, match="scale must be a finite number within float32's range"):
+        module.combine(bufs, 2, scale=scale)
+
+
+def test_scale_takes_any_real_number(v2_modules: dict[str, ModuleType], generator: Any) -> None:
+    module = v2_modules["vllm_a2a"]
+    bufs = lse_buffers(module, 2, 3, 2, 8, torch.bfloat16, generator)
+    want, _ = module.combine(bufs, 3, scale=0.5)
+    for scale in (np.float32(0.5), np.float64(0.5), fractions.Fraction(1, 2)):
+        got, _ = module.combine(bufs, 3, scale=scale)
+        assert torch.equal(got, want), type(scale).__name__
 
 
 # ---------------------------------------------------------------------------------------------

@@ -207,6 +207,39 @@ def check_errors(checks: Checks, N: int, device: Any) -> None:
     checks.expect_raises(
         ValueError, ["out", "meta"], lambda: exchange(good_out.to("meta"), good_lse.to("meta")), "wrong device"
     )
+    h = H // N
+    bf16 = {"device": device, "dtype": torch.bfloat16}
+    merged_outs = {
+        "merged_out of the wrong shape": (
+            ValueError,
+            ["merged_out", f"[2, {h}, {D}]"],
+            torch.empty(2, h + 1, D, **bf16),
+        ),
+        "merged_out not a tensor": (TypeError, ["merged_out", "list"], [torch.empty(2, h, D, **bf16)]),
+        "merged_out of the wrong dtype": (
+            TypeError,
+            ["merged_out", "bfloat16", "float32"],
+            torch.empty(2, h, D, device=device),
+        ),
+        "merged_out expanded": (
+            ValueError,
+            ["merged_out", "overlap itself"],
+            torch.empty(1, h, D, **bf16).expand(2, h, D),
+        ),
+    }
+    for label, (error, words, merged_out) in merged_outs.items():
+        checks.expect_raises(
+            error, words, lambda merged_out=merged_out: exchange(good_out, good_lse, merged_out=merged_out), label
+        )
+    wide = DcpExchange("vllm_a2a", None, B_max=4, H=H, D=D, dtype=torch.bfloat16, device=device)
+    tokens_out = torch.randn(2, 2, H, D, device=device).to(torch.bfloat16)
+    across = torch.empty(2, 2, h, D, **bf16).transpose(0, 1)  # R and T swapped: no [4, h, D] view
+    checks.expect_raises(
+        ValueError,
+        ["merged_out", "viewable as [R*T=4"],
+        lambda: wide(tokens_out, torch.randn(2, 2, H, device=device), merged_out=across),
+        "merged_out [R, T, h, D] whose rows are not one stride apart",
+    )
     # A group without this rank: every rank takes part in creating it, only rank 0 belongs to it.
     rank_zero_only = dist.new_group([0])
     if checks.rank != 0:
@@ -227,15 +260,55 @@ def check_errors(checks: Checks, N: int, device: Any) -> None:
 
 
 def check_world_size_one(checks: Checks, device: Any) -> None:
+    # One rank packs and combines without an exchange, under the empty-shard rules of any N: an LSE of
+    # -inf (its payload NaN, as engines leave it), NaN or +inf merges to 0 and -inf.
+    import layoutgen
     from layoutgen import DcpExchange
 
     solo, _ = dist.new_subgroups(group_size=1)
-    exchange = DcpExchange("pynccl_a2a", solo, B_max=3, H=4, D=D, dtype=torch.bfloat16, device=device)
-    out = torch.randn(3, 4, D, device=device).to(torch.bfloat16)
-    lse = torch.randn(3, 4, device=device)
+    exchange = DcpExchange("pynccl_a2a", solo, B_max=4, H=4, D=D, dtype=torch.bfloat16, device=device)
+    out = torch.randn(4, 4, D, device=device).to(torch.bfloat16)
+    lse = torch.randn(4, 4, device=device)
+    lse[1, 2], lse[2, 0], lse[3, 3] = float("-inf"), float("nan"), float("inf")
+    out[1, 2] = float("nan")
     merged, merged_lse = exchange(out, lse, return_lse=True)
-    checks.expect(merged is out and merged_lse is lse, "world size 1 did not return its inputs")
-    checks.expect(exchange.send is None and exchange.recv is None, "world size 1 allocated buffers")
+    module = layoutgen.load("pynccl_a2a")
+    bufs = module.alloc(1, 4, 4, D, torch.bfloat16, device)
+    module.pack(out, lse, bufs)
+    want, want_lse = module.combine(bufs, 4, return_lse=True)
+    checks.expect(exchange.recv is exchange.send, "world size 1: combine must read the buffers pack wrote")
+    checks.expect(torch.equal(merged, want) and torch.equal(merged_lse, want_lse), "world size 1 != pack + combine")
+    emptied = [(1, 2), (2, 0), (3, 3)]
+    checks.expect(
+        all(bool((merged[r, h] == 0).all()) and float(merged_lse[r, h]) == float("-inf") for r, h in emptied),
+        "world size 1: an LSE of -inf, NaN or +inf must merge to 0 and LSE -inf",
+    )
+    live = torch.isfinite(lse)
+    checks.expect(torch.equal(merged[live], out[live]), "world size 1: a live partial must come back as it was")
+
+
+def check_v2_world_size_one(checks: Checks, device: Any) -> None:
+    from layoutgen import DcpExchange
+    from layoutgen.dcp import reference
+
+    solo, _ = dist.new_subgroups(group_size=1)
+    exchange = DcpExchange("trtllm_helix_nccl", solo, B_max=3, H=4, D=D, dtype=torch.float32, device=device)
+    out = torch.randn(3, 4, D, device=device)
+    maximum, total = torch.randn(3, 4, device=device), torch.rand(3, 4, device=device) + 0.5
+    total[0, 1], maximum[2, 3] = 0.0, float("nan")  # empty entries: a zero sum, a NaN max
+    out[0, 1] = float("nan")
+    empty = torch.tensor([False, True, False], device=device)
+    merged, merged_lse = exchange(out, max_sum=(maximum, total), empty=empty, scale=2.0, return_lse=True)
+    masked = reference.masked_inputs(out.cpu(), [maximum.cpu(), total.cpu()], empty.cpu())
+    want, want_lse = reference.merge_shards_max_sum([masked[0]], [masked[1][0]], [masked[1][1]], 0, scale=2.0)
+    error = tolerances.combine_error(merged.cpu(), want, float(out.nan_to_num().abs().max()) * 2)
+    checks.expect(error <= 1, f"world size 1: (max, sum), empty and scale: combine error {error:.3g} x tolerance")
+    lse_error = tolerances.lse_error(merged_lse.cpu(), want_lse)
+    checks.expect(lse_error <= 1, f"world size 1: (max, sum): LSE error {lse_error:.3g} x tolerance")
+    checks.expect(
+        bool((merged[1] == 0).all()) and bool((merged[0, 1] == 0).all()) and bool((merged[2, 3] == 0).all()),
+        "world size 1: an empty request, a zero sum and a NaN max must merge to 0",
+    )
 
 
 def check_v2(checks: Checks, spec: str, N: int, device: Any, exchange_fn: Any = None) -> None:
@@ -280,19 +353,33 @@ def check_v2(checks: Checks, spec: str, N: int, device: Any, exchange_fn: Any = 
     )
 
 
-def check_v2_world_size_one(checks: Checks, device: Any) -> None:
+def check_compiled_exchange(checks: Checks, N: int, device: Any) -> None:
+    # pack -> exchange -> combine, and DcpExchange, traced whole (fullgraph) for a row-tail spec, whose
+    # buffer check reads an address a traced tensor does not have: the same bits as eager.
+    import layoutgen
     from layoutgen import DcpExchange
 
-    solo, _ = dist.new_subgroups(group_size=1)
-    exchange = DcpExchange("trtllm_helix_nccl", solo, B_max=3, H=4, D=D, dtype=torch.float32, device=device)
-    out = torch.randn(3, 4, D, device=device)
-    maximum, total = torch.randn(3, 4, device=device), torch.rand(3, 4, device=device) + 0.5
-    empty = torch.tensor([False, True, False], device=device)
-    merged, merged_lse = exchange(out, max_sum=(maximum, total), empty=empty, scale=2.0, return_lse=True)
-    want = torch.where(empty[:, None, None], 0.0, out * 2)
-    want_lse = torch.where(empty[:, None], float("-inf"), maximum + total.log())
-    checks.expect(torch.equal(merged, want), "world size 1: (max, sum), empty and scale are not applied")
-    checks.expect(torch.allclose(merged_lse, want_lse), "world size 1: the LSE of (max, sum) is not max + log(sum)")
+    module = layoutgen.load("pynccl_a2a")
+    H = 2 * N
+    send, recv = (module.alloc(N, 4, H, D, torch.bfloat16, device) for _ in range(2))
+    generator = torch.Generator().manual_seed(11 + checks.rank)
+    out = torch.randn(3, H, D, generator=generator).to(device=device, dtype=torch.bfloat16)
+    lse = (torch.randn(3, H, generator=generator) * 3).to(device)
+
+    def step(o: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+        module.pack(o, l, send)
+        module.exchange(send, recv)
+        return module.combine(recv, 3)[0]
+
+    want = step(out, lse)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(out, lse)
+    checks.expect(torch.equal(got, want), "pack -> exchange -> combine under torch.compile differs from eager")
+    exchange = DcpExchange("pynccl_a2a", None, B_max=4, H=H, D=D, dtype=torch.bfloat16, device=device)
+    want, want_lse = exchange(out, lse, True)
+    got, got_lse = torch.compile(lambda o, l: exchange(o, l, True), fullgraph=True, backend="aot_eager")(out, lse)
+    checks.expect(
+        torch.equal(got, want) and torch.equal(got_lse, want_lse), "DcpExchange under torch.compile differs from eager"
+    )
 
 
 def run_checks(rank: int, N: int, device: Any) -> list[str]:
@@ -310,6 +397,7 @@ def run_checks(rank: int, N: int, device: Any) -> list[str]:
         check_errors(checks, N, device)
         check_world_size_one(checks, device)
         check_v2_world_size_one(checks, device)
+        check_compiled_exchange(checks, N, device)
     return checks.failures
 
 

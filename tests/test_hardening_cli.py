@@ -120,10 +120,10 @@ def _unwritable(kind: str, tmp_path: Path) -> tuple[Path, str]:
     """An output directory that cannot be written, even by root, and the words its error names."""
     if kind == "parent-is-a-file":
         (tmp_path / "notes.txt").write_text("x")
-        return tmp_path / "notes.txt" / "out", "Not a directory"
+        return tmp_path / "notes.txt" / "out", f"{tmp_path / 'notes.txt'} is a file"
     if kind == "out-is-a-file":
         (tmp_path / "out").write_text("x")
-        return tmp_path / "out", "exists"
+        return tmp_path / "out", "is not a directory"
     if kind == "module-path-is-a-directory":
         (tmp_path / "out" / "pynccl_a2a.py").mkdir(parents=True)
         return tmp_path / "out", "directory"
@@ -154,7 +154,7 @@ def test_an_unwritable_output_directory_is_a_one_line_error(
         if kind == "read-only-permissions":
             out.chmod(0o755)
     assert code == 2
-    assert_clear_failure(code, err, f"cannot write to {out}", words)
+    assert_clear_failure(code, err, str(out), words)
     assert files_under(tmp_path) == before, "a failed build left files behind"
 
 
@@ -171,7 +171,7 @@ def test_the_module_entry_point_keeps_the_exit_code_and_the_one_line(tmp_path: P
         check=False,
     )
     assert result.returncode == 2
-    assert result.stderr == f"error: cannot write to {out}: Not a directory\n", result.stderr
+    assert result.stderr == f"error: --out {out}: {tmp_path / 'notes.txt'} is a file\n", result.stderr
 
 
 def test_debug_shows_the_traceback(

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from layoutgen.cli.common import CommandFailed, bad_input, console, resolve_spec_source, say
+from layoutgen.cli.common import CommandFailed, bad_input, check_writable_dir, console, resolve_spec_source, say
 from layoutgen.tuning.offline import ARCH
 
 
@@ -22,7 +22,30 @@ def _spec_sources(spec_files: list[str] | None) -> tuple[list[tuple[Any, Path]],
     if not spec_files:
         bundled = bundled_specs()
         return [(bundled[p.stem], p) for p in bundled_spec_paths()], True
-    return [resolve_spec_source(text) for text in spec_files], False
+    sources: dict[Path, tuple[Any, Path]] = {}
+    for text in spec_files:
+        spec, path = resolve_spec_source(text)
+        sources.setdefault(path.resolve(), (spec, path))  # one spec named twice is built once
+    return list(sources.values()), False
+
+
+def _refuse_spec_files_into_checkout(sources: list[tuple[Any, Path]]) -> None:
+    """Without --out only bundled specs are built: the checkout's generated/ holds their modules alone, so a
+    spec file's module there would replace a bundled one or be an orphan that `build --check` fails on."""
+    from layoutgen.spec import bundled_spec_paths
+
+    bundled = {path.resolve(): path.stem for path in bundled_spec_paths()}
+    for spec, path in sources:
+        if path.resolve() in bundled:
+            continue
+        if spec.name in bundled.values():
+            consequence = f"would replace the module of the bundled spec '{spec.name}'"
+        else:
+            consequence = "would be a module `layoutgen build --check` reports as stale"
+        raise bad_input(
+            f"--spec {path}: its module goes to a directory of your own: pass --out DIR (generated/{spec.name}.py "
+            f"in the checkout holds the bundled specs' modules only and {consequence})"
+        )
 
 
 def _default_out_dir() -> Path:
@@ -66,6 +89,8 @@ def build(
     from layoutgen import codegen
 
     sources, bundled = _spec_sources(spec)
+    if out is None:
+        _refuse_spec_files_into_checkout(sources)
     out_dir = out if out is not None else _default_out_dir()
     if out is not None:
         _refuse_inside_package(out_dir)
@@ -82,6 +107,7 @@ def build(
             raise CommandFailed(f"{len(problems)} generated file(s) out of date; run `layoutgen build`", code=1)
         say(f"{len(planned)} generated file(s) up to date in {out_dir}", "green", wrap=False)
         return
+    check_writable_dir(out_dir, f"--out {out_dir}" if out is not None else f"the checkout's {out_dir}")
     try:
         written = [item.path for item in planned if codegen.write_if_changed(item.path, item.content)]
     except OSError as error:

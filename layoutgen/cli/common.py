@@ -193,3 +193,20 @@ def expand_arguments(args: list[str]) -> list[str]:
                 first = False
                 index += 1
     return expanded
+
+
+def check_writable_dir(directory: Path, what: str) -> None:
+    """`directory` exists (or can be created) and takes new files: tried with a temporary file in it or in its
+    nearest existing parent, which covers permissions, read-only file systems and paths under a regular file."""
+    import tempfile
+
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise bad_input(f"{what}: {existing} is {'not a directory' if existing == directory else 'a file'}")
+    try:
+        with tempfile.TemporaryFile(dir=existing, prefix=".layoutgen-probe-"):
+            pass
+    except OSError as error:
+        raise bad_input(f"{what}: cannot write to {existing} ({error.strerror or error})") from None

@@ -297,6 +297,12 @@ def show(
         ]
         selection = "" if len(chosen) == len(database.entries) else f", {len(chosen)} selected"
         say(str(path), "bold", wrap=False)  # a path is printed whole, on its own line
+        if path.name != device_file_name(database.device_name):
+            say(
+                f"  holds device {database.device_name!r}, which belongs in {device_file_name(database.device_name)}: "
+                "dispatch does not read it here (`layoutgen db check` fails on it)",
+                "red",
+            )
         say(f"  {database.device_name} (sm {database.compute_capability}), {len(database.entries)} entries{selection}")
         if database.versions:
             say("  last written with " + ", ".join(f"{k} {v}" for k, v in sorted(database.versions.items())))
@@ -311,7 +317,7 @@ def show(
             say(f"  {state}: e.g. {why}")
         if any(state.startswith("stale") for state in reasons):
             say("  dispatch ignores stale entries; `layoutgen tune` tunes them again")
-    if not entries:
+    if not entries and broken < len(files):
         say("one line per entry: add --entries (select with --spec, --kernel, --shape N=4)")
     if broken:
         raise CommandFailed(f"{broken} tuning database file(s) cannot be read", code=1)
@@ -366,7 +372,11 @@ def prune(
     directories = _dirs(db)
     expected = _expectations()
     total = 0
-    for path in _files(directories, None):
+    files = _files(directories, None)
+    if not files:
+        say(f"nothing to prune: no database files in {', '.join(str(d) for d in directories)}")
+        return
+    for path in files:
         try:
             database = read_database(path)
         except DatabaseError as error:

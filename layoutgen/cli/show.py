@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from layoutgen.cli.common import bad_input, parse_shape, resolve_spec, say, single_values
+from layoutgen.cli.common import bad_input, check_writable_dir, parse_shape, resolve_spec, say, single_values
 
 SpecArgument = Annotated[
     str, typer.Argument(metavar="SPEC", help="A bundled spec name (e.g. pynccl_a2a) or a spec YAML file.")
@@ -61,6 +61,7 @@ def show(
             show_module.png.require_matplotlib()  # fail before printing anything
         except ImportError as error:
             raise bad_input(str(error)) from None
+        check_writable_dir(png.parent, f"--png {png}")
     try:
         bmap = show_module.byte_map(layout, values, chosen)
     except (ValueError, TypeError) as error:

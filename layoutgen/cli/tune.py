@@ -11,7 +11,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from layoutgen.cli.common import CommandFailed, bad_input, console, errors, parse_shape, say
+from layoutgen.cli.common import CommandFailed, bad_input, check_writable_dir, console, errors, parse_shape, say
 from layoutgen.spec import SpecError
 
 
@@ -47,23 +47,6 @@ def check_spec_source(source: str) -> None:
         load_spec(path)  # a SpecError is the usual report (exit 2)
     elif path.suffix != ".py":
         raise bad_input(f"--spec {source}: not a .yaml spec or a generated .py module")
-
-
-def check_writable_dir(directory: Path, what: str) -> None:
-    """`directory` exists (or can be created) and takes new files: tried with a temporary file in it or in its
-    nearest existing parent, which covers permissions, read-only file systems and paths under a regular file."""
-    import tempfile
-
-    existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        raise bad_input(f"{what}: {existing} is {'not a directory' if existing == directory else 'a file'}")
-    try:
-        with tempfile.TemporaryFile(dir=existing, prefix=".layoutgen-probe-"):
-            pass
-    except OSError as error:
-        raise bad_input(f"{what}: cannot write to {existing} ({error.strerror or error})") from None
 
 
 def tune(
@@ -175,17 +158,19 @@ def tune(
     for source in spec or ():
         check_spec_source(source)
     db_dir = db if db is not None else default_db_dir(interpret)
-    if not dry_run:
-        # Found now, not after the whole search: where the decisions and the report go must take them.
-        check_writable_dir(db_dir, f"--db {db_dir}" if db is not None else f"the tuning database directory {db_dir}")
-        if report is not None:
-            from layoutgen.tuning.runner import check_report_path
+    # Found now (a dry run too), not after the whole search: where the studies, the decisions and the report
+    # go must take them.
+    check_writable_dir(db_dir, f"--db {db_dir}" if db is not None else f"the tuning database directory {db_dir}")
+    if storage is not None and "://" not in storage:
+        check_writable_dir(Path(storage).expanduser().parent, f"--storage {storage}")
+    if report is not None:
+        from layoutgen.tuning.runner import check_report_path
 
-            check_writable_dir(report.parent, f"--report {report}")  # names a regular file in the way
-            try:
-                check_report_path(report)
-            except ValueError as error:
-                raise bad_input(str(error)) from None
+        check_writable_dir(report.parent, f"--report {report}")  # names a regular file in the way
+        try:
+            check_report_path(report)
+        except ValueError as error:
+            raise bad_input(str(error)) from None
     try:
         options = plan.TuneOptions(
             specs=tuple(spec or ()),

@@ -6,6 +6,7 @@ Every error names the argument, what was expected and what was given (docs/desig
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -28,9 +29,16 @@ def check_buffers(spec: DcpSpec, bufs: Any, label: str = "bufs") -> LayoutBuffer
     if set(bufs.tensors) != set(expected):
         raise ValueError(f"{label}.tensors must hold {sorted(expected)}, got {sorted(bufs.tensors)}")
     payload = bufs.tensors["payload"]
-    if spec.row_tail and isinstance(payload, torch.Tensor) and payload.element_size() < 4 and payload.data_ptr() % 4:
+    if (
+        spec.row_tail
+        and isinstance(payload, torch.Tensor)
+        and payload.element_size() < 4
+        and not torch.compiler.is_compiling()
+        and payload.data_ptr() % 4
+    ):
         # The LSE is a float32 word inside the rows (every row is a multiple of 4 bytes): a GPU faults on a
-        # misaligned 4-byte access, so a payload view starting mid-word is refused here.
+        # misaligned 4-byte access, so a payload view starting mid-word is refused here.  A traced tensor has
+        # no address (exchange under torch.compile): the pack and combine ops check it when they run.
         raise ValueError(
             f"{label}.tensors['payload'] must start at a 4-byte aligned address (its rows hold float32 LSE words); "
             f"got address {payload.data_ptr():#x}. Allocate with alloc() or hand in an aligned view"
@@ -54,6 +62,11 @@ def check_buffers(spec: DcpSpec, bufs: Any, label: str = "bufs") -> LayoutBuffer
 
 def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = None, max_sum: Any = None) -> int:
     """Validate pack's arguments; return the number of rows B (R * T for a 4-D `out`)."""
+    if bufs is None and isinstance(lse, LayoutBuffers):
+        raise TypeError(
+            "pack's buffers came in lse's place (its second argument) and bufs is None: with max_sum= call "
+            "pack(out, bufs=bufs, max_sum=(max, sum)) or pack(out, None, bufs, max_sum=(max, sum))"
+        )
     bufs = check_buffers(spec, bufs)
     H, D = bufs.H, bufs.D
     if not isinstance(out, torch.Tensor):
@@ -103,7 +116,11 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
     if empty is not None:
         if not isinstance(empty, torch.Tensor):
             raise TypeError(f"empty must be None or a torch.bool tensor [{lead[0]}], got {type(empty).__name__}")
-        if empty.dtype != torch.bool or tuple(empty.shape) != lead[:1]:
+        if empty.dtype != torch.bool:
+            raise TypeError(
+                f"empty must be a torch.bool tensor [R={lead[0]}] (True: nothing on this rank); got {describe(empty)}"
+            )
+        if tuple(empty.shape) != lead[:1]:
             raise ValueError(
                 f"empty must be a torch.bool tensor [R={lead[0]}], one flag per request (out's first dim); "
                 f"got {describe(empty)}"
@@ -115,11 +132,22 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
     return batch
 
 
+#: The largest finite float32: the kernel multiplies in float32.
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def check_scale(scale: Any) -> float:
-    """combine's output scale: a real number (not a bool, not a tensor: it is baked into the launch)."""
-    if isinstance(scale, bool) or not isinstance(scale, int | float):
+    """combine's output scale: a finite real number within float32's range (not a bool, not a tensor: it
+    is baked into the launch)."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a Python float (or int); got {type(scale).__name__}")
-    return float(scale)
+    value = float(scale)
+    if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
+        raise ValueError(
+            f"scale must be a finite number within float32's range (|scale| <= {_FLOAT32_MAX:.4g}: the merge is "
+            f"scaled in float32); got {scale!r}"
+        )
+    return value
 
 
 def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any) -> None:

@@ -16,7 +16,7 @@ from layoutgen.dcp.config import CombineConfig, default_combine_config
 from layoutgen.dcp.plans import CombinePlan
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import plans_of
-from layoutgen.runtime.tensors import byte_span, check_config, check_runnable, needs_int64
+from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, needs_int64
 
 
 def combine_key(
@@ -44,7 +44,6 @@ def plan_combine(
     else:
         check_config(config, CombineConfig)
         resolved = config
-    out_start, out_end = (0, 0) if out is None else byte_span(out)
     plan = CombinePlan(
         cast(CombineConfig, resolved),
         needs_int64(*tensors),
@@ -53,8 +52,7 @@ def plan_combine(
         bufs.dtype,
         bufs.device,
         scale_value,
-        tuple(span for span in map(byte_span, bufs.tensors.values()) if span[0] < span[1]),
-        out_end - out_start,
+        None if out is None else OverlapGuard.of(bufs.tensors.values(), (out,), disjoint=False),
     )
     plans_of(bufs)[combine_key(owner, B, lse_base, out, return_lse, config, scale)] = plan
     return plan

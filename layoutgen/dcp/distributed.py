@@ -26,16 +26,9 @@ from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
 from layoutgen.dcp.spec import Transport
 from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
+from layoutgen.runtime.tensors import positive_int, required_device
 
 _LSE_BASES = ("e", "2")
-
-
-def _positive_int(label: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{label} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{label} must be >= 1, got {value}")
-    return value
 
 
 class DcpExchange:
@@ -60,8 +53,9 @@ class DcpExchange:
     ``[R, T, H/N, D]``. ``empty=`` (bool ``[R]``) marks requests with nothing on this rank, ``max_sum=``
     takes (max, sum) statistics instead of ``lse``, ``scale=`` multiplies the merged output (see the
     generated module's ``pack`` and ``combine``). Every rank must call with the same B, as DCP does (each
-    rank holds every query). With N == 1 the inputs are returned untouched (unless ``empty``,
-    ``max_sum`` or ``scale`` ask for a change).
+    rank holds every query). A group of one rank packs and combines its one partial without an exchange:
+    the same rules for empty shards (an LSE of -inf, NaN or +inf, an empty (max, sum), an ``empty`` request
+    merge to 0 and LSE -inf), the same bits as any N.
     """
 
     def __init__(
@@ -89,11 +83,11 @@ class DcpExchange:
             raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
         if dtype not in INPUT_DTYPES:
             raise TypeError(f"dtype must be one of {[str(d) for d in INPUT_DTYPES]}, got {dtype}")
-        self.B_max = _positive_int("B_max", B_max)
-        self.H = _positive_int("H", H)
-        self.D = _positive_int("D", D)
+        self.B_max = positive_int("B_max", B_max)
+        self.H = positive_int("H", H)
+        self.D = positive_int("D", D)
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = required_device(device, "DcpExchange")
         self.lse_base = lse_base
         self.exchange_fn = exchange_fn
         self.group = group
@@ -106,14 +100,13 @@ class DcpExchange:
         self.heads_per_rank = self.H // self.world_size
         self._checked_inputs: set[tuple[Any, ...]] = set()
         self._views: dict[int, tuple[LayoutBuffers, LayoutBuffers]] = {}
-        self.send: LayoutBuffers | None = None
-        self.recv: LayoutBuffers | None = None
-        if self.world_size == 1:
-            return
         N = self.world_size
-        self.send = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
-        self.recv = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
-        self._check_peers_agree()
+        self.send: LayoutBuffers = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
+        # One rank sends nothing: combine reads the partial where pack wrote it.
+        self.recv: LayoutBuffers = self.send
+        if N > 1:
+            self.recv = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
+            self._check_peers_agree()
 
     def _check_peers_agree(self) -> None:
         """One all_gather at construction: a rank built with other arguments would otherwise hang or
@@ -134,8 +127,6 @@ class DcpExchange:
         views = self._views.get(B)
         if views is not None:
             return views
-        if self.send is None or self.recv is None:
-            raise ValueError("a group of one rank exchanges nothing and has no buffers")
         if isinstance(B, bool) or not isinstance(B, int) or not 1 <= B <= self.B_max:
             raise ValueError(f"B must be an int in [1, B_max={self.B_max}], got {B!r}")
         shapes = LayoutBuffers.allocate(self.spec, self.world_size, B, self.H, self.D, self.dtype, "meta").tensors
@@ -147,13 +138,16 @@ class DcpExchange:
             }
             return LayoutBuffers(self.spec, shape, tensors)
 
-        views = (prefix(self.send), prefix(self.recv))
+        send = prefix(self.send)
+        views = (send, send if self.recv is self.send else prefix(self.recv))
         self._views[B] = views
         return views
 
-    def _check_inputs(self, out: Any, lse: Any, empty: Any, max_sum: Any) -> tuple[int, tuple[int, ...]]:
+    def _check_inputs(
+        self, out: Any, lse: Any, empty: Any, max_sum: Any, merged_out: Any = None
+    ) -> tuple[int, tuple[int, ...]]:
         """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
-        return check_call_inputs(self, out, lse, empty, max_sum)
+        return check_call_inputs(self, out, lse, empty, max_sum, merged_out)
 
     def __call__(
         self,
@@ -173,9 +167,7 @@ class DcpExchange:
         ``[R]``) marks requests with nothing on this rank: they count as empty shards everywhere.
         ``scale`` multiplies the merged output. ``merged_out`` (the result's shape, ``out``'s dtype and
         device) receives the result instead of a new tensor."""
-        B, lead = self._check_inputs(out, lse, empty, max_sum)
-        if self.world_size == 1:
-            return self._single_rank(out, lse, return_lse, empty, max_sum, scale, merged_out)
+        B, lead = self._check_inputs(out, lse, empty, max_sum, merged_out)
         h = self.heads_per_rank
         flat_out = None if merged_out is None else merged_out.view(B, h, self.D)
         if B == 0:
@@ -184,10 +176,11 @@ class DcpExchange:
             return (merged, out.new_empty((*lead, h), dtype=torch.float32)) if return_lse else merged
         send, recv = self.batch_buffers(B)
         self.module.pack(out, lse, send, empty=empty, max_sum=max_sum)
-        if self.exchange_fn is not None:
-            self.exchange_fn(send.tensors, recv.tensors)
-        else:
-            self.module.exchange(send, recv, self.group)
+        if self.world_size > 1:  # one rank's combine reads what its pack wrote
+            if self.exchange_fn is not None:
+                self.exchange_fn(send.tensors, recv.tensors)
+            else:
+                self.module.exchange(send, recv, self.group)
         merged, merged_lse = self.module.combine(
             recv, B, lse_base=self.lse_base, out=flat_out, return_lse=return_lse, scale=scale
         )
@@ -197,34 +190,6 @@ class DcpExchange:
         elif merged_out is not None:
             merged = merged_out
         return (merged, merged_lse) if return_lse else merged
-
-    def _single_rank(
-        self,
-        out: torch.Tensor,
-        lse: torch.Tensor | None,
-        return_lse: bool,
-        empty: torch.Tensor | None,
-        max_sum: Any,
-        scale: float,
-        merged_out: torch.Tensor | None,
-    ) -> Any:
-        """A group of one rank: the merge of one partial is the partial itself (its rows of empty requests
-        0 and LSE -inf, (max, sum) as max + log(sum), times `scale`); untouched when none of those apply."""
-        if max_sum is not None:
-            maximum, total = max_sum
-            log = torch.log2 if self.lse_base == "2" else torch.log
-            lse = torch.where(total > 0, maximum + log(total), float("-inf"))
-        assert lse is not None
-        if empty is not None:
-            rows = empty.view(-1, *([1] * (out.dim() - 1)))
-            out = torch.where(rows, torch.zeros((), dtype=out.dtype, device=out.device), out)
-            lse = torch.where(empty.view(-1, *([1] * (lse.dim() - 1))), float("-inf"), lse)
-        if scale != 1.0:
-            out = (out.to(torch.float32) * scale).to(out.dtype)
-        if merged_out is not None:
-            merged_out.copy_(out)
-            out = merged_out
-        return (out, lse) if return_lse else out
 
     def __repr__(self) -> str:
         return (
@@ -259,7 +224,7 @@ def flashinfer_mnnvl_exchange(
     if not isinstance(workspace, torch.Tensor):
         raise TypeError(f"workspace must be FlashInfer's int64 workspace tensor, got {type(workspace).__name__}")
     _require_sm90(workspace.device)
-    _positive_int("world_size", world_size)
+    positive_int("world_size", world_size)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
     checked: set[tuple[Any, ...]] = set()

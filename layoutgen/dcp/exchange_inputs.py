@@ -8,10 +8,12 @@ from typing import Any
 
 import torch
 
-from layoutgen.runtime.tensors import describe
+from layoutgen.runtime.tensors import describe, overlaps_itself
 
 
-def check_call_inputs(exchange: Any, out: Any, lse: Any, empty: Any, max_sum: Any) -> tuple[int, tuple[int, ...]]:
+def check_call_inputs(
+    exchange: Any, out: Any, lse: Any, empty: Any, max_sum: Any, merged_out: Any = None
+) -> tuple[int, tuple[int, ...]]:
     """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
     try:
         stats = [lse] if max_sum is None else list(max_sum)
@@ -23,6 +25,9 @@ def check_call_inputs(exchange: Any, out: Any, lse: Any, empty: Any, max_sum: An
             *((t.shape, t.stride(), t.dtype, t.device) for t in stats),
             None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device),
             max_sum is None,
+            None
+            if merged_out is None
+            else (merged_out.shape, merged_out.stride(), merged_out.dtype, merged_out.device),
         )
     except (AttributeError, TypeError):
         key = None
@@ -78,6 +83,41 @@ def check_call_inputs(exchange: Any, out: Any, lse: Any, empty: Any, max_sum: An
         raise ValueError(
             f"empty must be on {exchange.device} (the device this DcpExchange was built for); got {describe(empty)}"
         )
+    if merged_out is not None:
+        check_merged_out(exchange, merged_out, lead)
     if key is not None:
         exchange._checked_inputs.add(key)
     return int(batch), lead
+
+
+def check_merged_out(exchange: Any, merged_out: Any, lead: tuple[int, ...]) -> None:
+    """`merged_out` must be a tensor of the result's shape, `out`'s dtype and device, that combine can write
+    as [B, H/N, D] rows."""
+    h, D = exchange.heads_per_rank, exchange.D
+    want = f"[{', '.join(str(n) for n in (*lead, h, D))}] ({'B' if len(lead) == 1 else 'R, T'}, H/N={h}, D={D})"
+    if not isinstance(merged_out, torch.Tensor):
+        raise TypeError(f"merged_out must be None or a torch.Tensor {want}, got {type(merged_out).__name__}")
+    if tuple(merged_out.shape) != (*lead, h, D):
+        raise ValueError(f"merged_out must have shape {want}; got {describe(merged_out)}")
+    if merged_out.dtype != exchange.dtype or merged_out.device != exchange.device:
+        raise TypeError(
+            f"merged_out must be {exchange.dtype} on {exchange.device} (out's dtype and device); got {describe(merged_out)}"
+        )
+    if overlaps_itself(merged_out):
+        raise ValueError(
+            "merged_out must not overlap itself (e.g. an expand()ed view: programs would race to write one "
+            f"element); got {describe(merged_out)}"
+        )
+    if len(lead) == 2 and not _views_as_rows(merged_out, math.prod(lead), h, D):
+        raise ValueError(
+            f"merged_out [R, T, H/N, D] must be viewable as [R*T={math.prod(lead)}, {h}, {D}] (its R and T axes "
+            f"one stride apart, e.g. contiguous); got {describe(merged_out)}"
+        )
+
+
+def _views_as_rows(tensor: torch.Tensor, rows: int, h: int, D: int) -> bool:
+    try:
+        tensor.view(rows, h, D)
+    except RuntimeError:
+        return False
+    return True

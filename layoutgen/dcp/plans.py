@@ -18,6 +18,7 @@ from layoutgen.dcp.config import CombineConfig, PackConfig
 from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape
 from layoutgen.dcp.spec import DcpSpec
 from layoutgen.runtime.plans import remember, remembered
+from layoutgen.runtime.tensors import OverlapGuard
 
 #: CUDA's limit on a grid's y dimension, along which pack runs its batch blocks (the generated launcher
 #: refuses a config that needs more).
@@ -46,10 +47,9 @@ class CombinePlan:
     dtype: torch.dtype
     device: torch.device
     scale: float = 1.0
-    # The byte spans [start, end) of the buffers combine reads, and the length of a caller's `out` span (its
-    # geometry is in the plan key, its address is not): a cached call compares out.data_ptr() against them.
-    read_spans: tuple[tuple[int, int], ...] = ()
-    out_span_bytes: int = 0
+    # The overlap check of a caller's `out` against the buffers combine reads, for later calls (its geometry is
+    # in the plan key, its address is not); None for a combine that allocates its output.
+    guard: OverlapGuard | None = None
     # Replays the recorded launch with a call's (*buffers, out, out_lse); None until recorded or when it can't be.
     direct: Callable[[tuple[Any, ...]], None] | None = None
     recorded: bool = False
@@ -57,9 +57,7 @@ class CombinePlan:
     def may_overlap(self, out: torch.Tensor) -> bool:
         """Whether a caller's `out` of the planned geometry may share memory with the buffers (then the call is
         validated again, which says so)."""
-        start = out.data_ptr()
-        end = start + self.out_span_bytes
-        return self.out_span_bytes > 0 and any(start < stop and first < end for first, stop in self.read_spans)
+        return self.guard is not None and self.guard.may_overlap((out,))
 
 
 def remember_buffers(bufs: LayoutBuffers) -> LayoutBuffers:

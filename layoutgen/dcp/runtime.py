@@ -18,6 +18,7 @@ from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.dcp.plans import remember_buffers
 from layoutgen.dcp.spec import DcpSpec, Transport
 from layoutgen.runtime.exchange import all_to_all_tensors
+from layoutgen.runtime.tensors import usable_device
 
 __all__ = ["Dispatcher", "all_to_all_buffers", "allocate"]
 
@@ -25,6 +26,7 @@ __all__ = ["Dispatcher", "all_to_all_buffers", "allocate"]
 def allocate(
     spec: DcpSpec, N: int, B_max: int, H: int, D: int, dtype: torch.dtype, device: Any = None
 ) -> LayoutBuffers:
+    device = usable_device(device, "alloc")
     return remember_buffers(LayoutBuffers.allocate(spec, N, B_max, H, D, dtype, device))
 
 

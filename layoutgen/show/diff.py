@@ -71,6 +71,23 @@ class LayoutDiff:
         }
 
 
+def _element_difference(name_a: str, shapes_a: dict[str, Any], name_b: str, shapes_b: dict[str, Any]) -> str:
+    """What differs between two layouts' placed kinds, in words: kinds only one holds, then kinds of other
+    axes or extents."""
+    parts = []
+    for name, mine, theirs in ((name_a, shapes_a, shapes_b), (name_b, shapes_b, shapes_a)):
+        only = [kind for kind in mine if kind not in theirs]
+        if only:
+            parts.append(f"only {name} holds {', '.join(only)}")
+    for kind in (kind for kind in shapes_a if kind in shapes_b and shapes_a[kind] != shapes_b[kind]):
+        (axes_a, extents_a), (axes_b, extents_b) = shapes_a[kind], shapes_b[kind]
+        parts.append(
+            f"{kind} is {' x '.join(f'{a} {e}' for a, e in zip(axes_a, extents_a, strict=True))} in {name_a}, "
+            f"{' x '.join(f'{a} {e}' for a, e in zip(axes_b, extents_b, strict=True))} in {name_b}"
+        )
+    return "; ".join(parts)
+
+
 def diff_byte_layouts(layout_a: ByteLayout, layout_b: ByteLayout) -> LayoutDiff:
     """Where each logical element of each placed kind lands in `layout_a` and in `layout_b`."""
     layout_a.check()
@@ -79,7 +96,9 @@ def diff_byte_layouts(layout_a: ByteLayout, layout_b: ByteLayout) -> LayoutDiff:
     shapes_b = {p.kind: (p.axes, tuple(p.view.shape)) for p in layout_b.placements}
     if shapes_a != shapes_b:
         raise ValueError(
-            f"layouts {layout_a.name} and {layout_b.name} do not hold the same logical elements: {shapes_a} vs {shapes_b}"
+            f"layouts {layout_a.name} and {layout_b.name} do not hold the same logical elements, so they cannot be "
+            f"compared element by element: {_element_difference(layout_a.name, shapes_a, layout_b.name, shapes_b)}. "
+            "Compare two layouts whose buffers hold the same kinds of elements"
         )
     places_a, places_b = locate_all(layout_a), locate_all(layout_b)
     runs: list[DiffRun] = []

@@ -154,13 +154,23 @@ def check_in_subprocesses(paths: list[str], workers: int | None = None) -> dict[
 
 def main(arguments: list[str]) -> int:
     """`python -m layoutgen.tuning.offline [--json] SPEC|PATH ...`: a line per compile (or one JSON object
-    of every module's results); exit 1 when any failed."""
+    of every module's results); exit 1 when any failed, 2 for a name or path that is not a generated module."""
+    import argparse
     import json
 
-    as_json = "--json" in arguments
-    names = [argument for argument in arguments if argument != "--json"]
-    results = {name: check_module(name) for name in names}
-    if as_json:
+    parser = argparse.ArgumentParser(
+        prog="python -m layoutgen.tuning.offline",
+        description=f"Compile every kernel of generated modules for sm_{ARCH} at a 32- and a 64-bit shape, "
+        "without a GPU.",
+    )
+    parser.add_argument("modules", nargs="+", metavar="SPEC|PATH", help="a bundled spec name or a generated .py")
+    parser.add_argument("--json", action="store_true", help="print one JSON object of every module's results")
+    options = parser.parse_args(arguments)
+    try:
+        results = {name: check_module(name) for name in options.modules}
+    except ValueError as error:
+        parser.exit(2, f"error: {error}\n")
+    if options.json:
         print(json.dumps(results))
     else:
         for name, checks in results.items():

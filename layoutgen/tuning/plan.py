@@ -159,6 +159,12 @@ def make_targets(options: TuneOptions) -> list[Any]:
             f"--shape {', '.join(sorted(unknown_axes))}: not a grid axis of the selected specs' families "
             f"(theirs: {', '.join(sorted(axes_used))})"
         )
+    if not targets:
+        asked = " ".join(f"{name}={','.join(map(str, values))}" for name, values in given.items()) or "the default grid"
+        raise ValueError(
+            f"no study to plan: the selected specs can lay out no point of {asked} (e.g. a head count not "
+            "divisible by N); give shapes they hold (see `layoutgen families` for each family's grid)"
+        )
     return targets
 
 

@@ -162,10 +162,11 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     console.print(
         f"tuning {len(names)} studies ({len(targets)} compiled families and their size buckets"
         + (f", less {len(skip)} decided" if skip else "")
-        + f") on {device_name}; studies in {describe_storage(options.storage)}; {options.workers} worker(s)",
+        + f") on {device_name}, {options.workers} worker(s)",
         markup=False,
-        soft_wrap=True,  # a path is never folded
     )
+    # A line of its own, never folded: a path.
+    console.print(f"studies in {describe_storage(options.storage)}", markup=False, soft_wrap=True)
     gate_failures = 0
     worker_errors: list[str] = []
     interrupted = False

@@ -83,7 +83,15 @@ def open_storage(url: str | None) -> Any:
     from optuna.storages import JournalStorage
 
     if url is not None and "://" in url:
-        return optuna.storages.RDBStorage(_with_installed_driver(url), engine_kwargs={"pool_pre_ping": True})
+        try:
+            return optuna.storages.RDBStorage(_with_installed_driver(url), engine_kwargs={"pool_pre_ping": True})
+        except Exception as error:  # SQLAlchemy's errors, many kinds: reported as one line naming the URL
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+            raise ValueError(
+                f"--storage {describe_storage(url)}: cannot open it as an Optuna database ({type(error).__name__}: "
+                f"{reason}); check the URL (e.g. postgresql://user@host/db, sqlite:///file.db) and that the "
+                "server is reachable, or pass a journal file path"
+            ) from None
     path = default_journal_path() if url is None else Path(url).expanduser()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,8 @@ def check_buffers(spec: UlyssesSpec, bufs: Any, direction: str, label: str = "bu
     expected = wire_buffers(spec, direction, bufs.shape)
     if sorted(bufs.tensors) != sorted(b.name for b in expected):
         raise ValueError(f"{label}.tensors must hold {sorted(b.name for b in expected)}, got {sorted(bufs.tensors)}")
-    device = next(iter(bufs.tensors.values())).device
+    first = next(iter(bufs.tensors.values()))
+    device = first.device if isinstance(first, torch.Tensor) else None  # a non-tensor is refused below
     for buffer in expected:
         got = bufs.tensors[buffer.name]
         if (
@@ -51,7 +52,7 @@ def check_buffers(spec: UlyssesSpec, bufs: Any, direction: str, label: str = "bu
         ):
             raise ValueError(
                 f"{label}.tensors[{buffer.name!r}] must be a contiguous {bufs.dtype} tensor of shape "
-                f"{buffer.extents} on {device}; got "
+                f"{buffer.extents}{'' if device is None else f' on {device}'}; got "
                 + (describe(got) if isinstance(got, torch.Tensor) else type(got).__name__)
             )
     return bufs
@@ -114,7 +115,8 @@ def check_destinations(spec: UlyssesSpec, kernel: str, bufs: Any, out: Any) -> U
     single = len(names) == 1
     if not isinstance(out, tuple | list) or len(out) != len(names):
         wanted = "a tensor" if single else f"a tuple of {len(names)} tensors ({', '.join(names)})"
-        raise TypeError(f"{kernel}: out must be None or {wanted}, got {type(out).__name__}")
+        given = f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple | list) else type(out).__name__
+        raise TypeError(f"{kernel}: out must be None or {wanted}, got {given}")
     for position, (tensor_spec, tensor) in enumerate(zip(bufs.tensor_specs, out, strict=True)):
         label = "out" if single else f"out[{position}] ({tensor_spec.name})"
         expected = tensor_shape(spec, bufs.shape, tensor_spec, side)

@@ -21,7 +21,7 @@ from layoutgen.runtime import configs
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import PLANS as _PLANS
 from layoutgen.runtime.plans import plans_of, remember, remembered
-from layoutgen.runtime.tensors import check_config, check_runnable, needs_int64
+from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, needs_int64
 from layoutgen.ulysses import checks
 from layoutgen.ulysses.config import CONFIG_TYPES, TileConfig, runtime_default
 from layoutgen.ulysses.layout import (
@@ -38,6 +38,7 @@ from layoutgen.ulysses.layout import (
 from layoutgen.ulysses.spec import UlyssesSpec
 
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 _dispatchers: dict[str, Dispatcher] = {}
 
 LaunchFunction = Callable[..., None]
@@ -50,6 +51,9 @@ class Plan:
     config: TileConfig
     index_64: bool
     out_shapes: tuple[tuple[int, ...], ...] = ()
+    # The overlap checks, kept for later calls at other addresses: a scatter's sources against the buffers it
+    # writes, a gather's given outputs against its buffers and one another (None: new outputs, nothing to check).
+    guard: OverlapGuard | None = None
     # Replays the recorded launch with a call's tensors; None until recorded or when it can't be.
     direct: Callable[[tuple[Any, ...]], None] | None = None
     recorded: bool = False
@@ -135,11 +139,14 @@ class Dispatcher:
                 list(tensors), list(bufs.tensors.values()), self.name, shape_values(bufs), config_values(config)
             )
             return
+        if _grad_enabled():
+            self._refuse_gradients(kernel, tensors)
         try:
             plan = bufs.__dict__[_PLANS][self._scatter_key(kernel, config, tensors)]
         except (AttributeError, KeyError, TypeError):
             plan = None
-        if plan is None:  # planned outside the handler: a refusal does not read "during handling of KeyError"
+        if plan is None or (plan.guard is not None and plan.guard.may_overlap(tensors)):
+            # planned outside the handler: a refusal does not read "during handling of KeyError"
             plan = self._plan_scatter(kernel, tensors, bufs, config)
         call = (*tensors, *bufs.tensors.values())
         direct = plan.direct
@@ -149,10 +156,22 @@ class Dispatcher:
         launch_args = (*tensors, bufs, plan.config, plan.index_64)
         self._launch(kernel, plan, launch_args, call, tuple(range(len(tensors))))
 
+    def _refuse_gradients(self, kernel: str, tensors: tuple[Any, ...]) -> None:
+        """The copies do not record themselves for autograd: a source that requires grad, in grad mode, would
+        lose its gradient without a word (DeepSpeed's all-to-all is an autograd Function; ours is not)."""
+        for tensor_spec, tensor in zip(self.spec.direction(KERNEL_DIRECTION[kernel]).tensors, tensors, strict=False):
+            if getattr(tensor, "requires_grad", False):
+                raise RuntimeError(
+                    f"{kernel}: {tensor_spec.name} requires grad, and layoutgen's kernels do not propagate gradients "
+                    f"(inference only): call under torch.no_grad() or torch.inference_mode(), or pass "
+                    f"{tensor_spec.name}.detach()"
+                )
+
     def _plan_scatter(self, kernel: str, tensors: Any, bufs: Any, config: Any) -> Plan:
         bufs = checks.check_sources(self.spec, kernel, tensors, bufs)
         check_runnable(self.kernels[kernel][0], *tensors, *bufs.tensors.values())
         plan = Plan(self._config(kernel, bufs, config), needs_int64(*tensors, *bufs.tensors.values()))
+        plan.guard = OverlapGuard.of(bufs.tensors.values(), tensors, disjoint=False)
         plans_of(bufs)[self._scatter_key(kernel, config, tensors)] = plan
         return plan
 
@@ -171,7 +190,7 @@ class Dispatcher:
             plan = bufs.__dict__[_PLANS][self._gather_key(kernel, config, out)]
         except (AttributeError, KeyError, TypeError):
             plan = None
-        if plan is None:
+        if plan is None or (plan.guard is not None and plan.guard.may_overlap(out)):
             plan = self._plan_gather(kernel, bufs, out, config)
         if out is None:
             out = tuple(torch.empty(shape, dtype=bufs.dtype, device=bufs.device) for shape in plan.out_shapes)
@@ -199,6 +218,8 @@ class Dispatcher:
         # New outputs are dense: as large as given ones would be when they are.
         sizes = [torch.empty(shape, device="meta") for shape in out_shapes] if out is None else list(given)
         plan = Plan(self._config(kernel, bufs, config), needs_int64(*bufs.tensors.values(), *sizes), out_shapes)
+        if out is not None:
+            plan.guard = OverlapGuard.of(bufs.tensors.values(), given, disjoint=True)
         plans_of(bufs)[self._gather_key(kernel, config, out)] = plan
         return plan
 

@@ -21,7 +21,7 @@ import torch
 
 from layoutgen.runtime.exchange import ExchangeFn, all_to_all_tensors, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
-from layoutgen.runtime.tensors import describe
+from layoutgen.runtime.tensors import describe, positive_int, required_device
 from layoutgen.ulysses.dispatch import remember_buffers
 from layoutgen.ulysses.layout import DTYPES, Shape, UlyssesBuffers, check_shape
 from layoutgen.ulysses.spec import HeadCount, Transport, UlyssesSpec
@@ -72,9 +72,10 @@ class UlyssesExchange:
             raise TypeError(f"spec '{self.spec.name}' has H_kv-headed tensors: pass H_kv")
         if dtype not in DTYPES:
             raise TypeError(f"dtype must be one of {[str(d) for d in DTYPES]}, got {dtype}")
-        self.device = torch.device(device)
+        self.device = required_device(device, "UlyssesExchange")
         self.group = group
         self.exchange_fn = exchange_fn
+        positive_int("S_max", S_max)
         self.rank, self.world_size = join_group(group, self.device, "UlyssesExchange", "sequence-parallel")
         self.shape = Shape(N=self.world_size, S_local=S_max, H=H, H_kv=H if H_kv is None else H_kv, D=D, dtype=dtype,
                            B=B)  # fmt: skip
@@ -149,6 +150,11 @@ class UlyssesExchange:
         head block over the whole sequence (a tensor, or a tuple of them in the spec's order)."""
         names = [t.name for t in self.spec.to_attention.tensors]
         S_local = self._seq_extent(tensors, self.spec.local, "to_attention", names)
+        if not 1 <= S_local <= self.S_max:
+            raise ValueError(
+                f"to_attention: {names[0]} has S_local={S_local} rows; this UlyssesExchange takes 1 to "
+                f"S_max={self.S_max} rows per shard (build one with a larger S_max); got {describe(tensors[0])}"
+            )
         send, _ = self.buffers("to_attention", S_local)
         self.module.scatter(*tensors, send)
         return self.module.gather(self._move("to_attention", S_local), out=out)
@@ -164,6 +170,12 @@ class UlyssesExchange:
                 f"got {describe(tensors[0])}"
             )
         S_local = S // self.world_size
+        if not 1 <= S_local <= self.S_max:
+            raise ValueError(
+                f"from_attention: {names[0]} has {S} rows, S_local={S_local} per rank; this UlyssesExchange takes 1 "
+                f"to S_max={self.S_max} rows per shard, so 1 to {self.S_max * self.world_size} rows here (build one "
+                f"with a larger S_max); got {describe(tensors[0])}"
+            )
         send, _ = self.buffers("from_attention", S_local)
         self.module.scatter_out(*tensors, send)
         return self.module.gather_out(self._move("from_attention", S_local), out=out)

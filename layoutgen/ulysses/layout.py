@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from layoutgen.runtime.tensors import positive_int
 from layoutgen.ulysses.spec import DIRECTIONS, DirectionSpec, HeadCount, TensorSpec, UlyssesSpec
 
 #: Dtypes the kernels move (the wire holds the tensors' own dtype, byte for byte).
@@ -90,18 +91,10 @@ def key_extents(spec: UlyssesSpec, kernel: str, shape: Shape) -> dict[str, int]:
     return {"N": shape.N, "Hl": heads_per_peer, "Hl_kv": shape.H_kv // shape.N if kv else heads_per_peer, "D": shape.D}
 
 
-def _positive(label: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{label} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{label} must be >= 1, got {value}")
-    return value
-
-
 def check_shape(spec: UlyssesSpec, shape: Shape) -> None:
     """Raise ValueError/TypeError naming the argument when `shape` cannot be laid out by `spec`."""
     for label in ("N", "S_local", "H", "H_kv", "D", "B"):
-        _positive(label, getattr(shape, label))
+        positive_int(label, getattr(shape, label))
     for count in HeadCount:
         if spec.uses(count) and shape.heads(count) % shape.N:
             raise ValueError(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from layoutgen.runtime.exchange import all_to_all_tensors
+from layoutgen.runtime.tensors import usable_device
 from layoutgen.ulysses import ops as _ops  # noqa: F401  (registers the torch.ops.layoutgen.ulysses_* custom ops)
 from layoutgen.ulysses.checks import check_buffers
 from layoutgen.ulysses.config import MAX_GRID_X, MAX_GRID_Y
@@ -36,6 +37,7 @@ def allocate(
     H_kv: int,
 ) -> UlyssesBuffers:
     shape = Shape(N=N, S_local=S_local, H=H, H_kv=H_kv, D=D, dtype=dtype, B=B)
+    device = usable_device(device, "alloc" if direction == "to_attention" else "alloc_out")
     return remember_buffers(UlyssesBuffers.allocate(spec, direction, shape, device))
 
 

@@ -26,9 +26,12 @@ WIRE_AXES: tuple[str, ...] = ("peer", "batch", "seq", "head", "dim", "tensor")
 MAX_TENSORS = 8
 TENSOR_NAME_PATTERN = r"^[a-z][a-z0-9]{0,15}$"
 #: Names the generated code uses itself, next to the tensors' names (`<name>`, `<name>_ptr`, ...).
+#: The bare names the generated launchers and public functions use beside their tensor parameters (a tensor
+#: named like one would shadow it); tests/ulysses/test_ulysses_spec.py reads every generated module for them.
 RESERVED_TENSOR_NAMES = frozenset(
-    {"bufs", "config", "kernel", "grid", "tiles", "triton", "tl", "torch", "wire", "program", "tile", "outer"}
-)
+    {"blocks", "bufs", "config", "kernel", "grid", "outer", "program", "result", "tile", "tiles", "tl", "torch",
+     "triton", "wire"}
+)  # fmt: skip
 
 
 class HeadCount(str, Enum):

@@ -75,6 +75,17 @@ def _worker(rank: int, store: str, failures: Any) -> None:
             for g, w in zip(module.gather(recv), _expected(spec, shape, shards, rank).values(), strict=True)
         ):
             problems.append("module.exchange delivered other bytes than the reference exchange")
+        too_long = _shards(spec, Shape(N=WORLD, S_local=4, H=4, H_kv=2, D=4, dtype=torch.bfloat16), seed=1)[rank]
+        for call, words in (
+            (lambda: exchange.to_attention(*too_long.values()), "to_attention: q has S_local=4 rows; this "),
+            (lambda: exchange.from_attention(torch.zeros(8, 2, 4, dtype=torch.bfloat16)), "1 to 6 rows here"),
+        ):
+            try:
+                call()
+                problems.append(f"no error for {words!r}")
+            except ValueError as error:
+                if words not in str(error) or "S_max=3" not in str(error):
+                    problems.append(f"unclear row-count error: {error}")
         try:
             UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4 + 4 * rank, dtype=torch.bfloat16, device="cpu")
             problems.append("ranks built with different D were not refused")
@@ -117,3 +128,8 @@ def test_without_torch_distributed_the_exchange_says_so() -> None:
         UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, D=4, dtype=torch.bfloat16, device="cpu")
     with pytest.raises(ValueError, match="is of the dcp family"):
         UlyssesExchange("vllm_a2a", S_max=3, H=4, D=4, dtype=torch.bfloat16, device="cpu")
+    # Arguments are checked before the group is joined.
+    with pytest.raises(ValueError, match="S_max must be >= 1, got 0"):
+        UlyssesExchange("ulysses_qkv_gqa", S_max=0, H=4, H_kv=2, D=4, dtype=torch.bfloat16, device="cpu")
+    with pytest.raises(TypeError, match="UlyssesExchange needs a device"):
+        UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4, dtype=torch.bfloat16, device=None)

@@ -69,6 +69,50 @@ def test_bad_tensors_are_named_with_what_was_expected(generator: torch.Generator
         other.gather(send)
 
 
+def test_overlap_is_refused_on_every_call_of_a_plan(generator: torch.Generator) -> None:
+    # A plan's key holds the tensors' geometry, not their addresses: a call that reuses a valid call's plan
+    # with tensors that now overlap is refused as a first call would be (and leaves the valid plan usable).
+    module, shape = gqa()
+    send = alloc(module, shape, "to_attention")
+    q, k, v = shards(module, shape, generator)
+    module.scatter(q, k, v, send)
+    aliased = send.tensors["wire"].view(-1)[: q.numel()].view(q.shape)
+    with pytest.raises(ValueError, match=r"scatter: q shares memory with bufs.tensors\['wire'\]"):
+        module.scatter(aliased, k, v, send)
+    recv = alloc(module, shape, "to_attention")
+    recv.tensors["wire"].copy_(send.tensors["wire"])
+    outputs = [torch.empty_like(t) for t in as_tuple(module.gather(recv))]
+    module.gather(recv, out=tuple(outputs))
+    first_k = outputs[1].clone()
+    with pytest.raises(ValueError, match=r"gather: the tensors of out must not share memory; out\[2\] \(v\)"):
+        module.gather(recv, out=(outputs[0], outputs[1], outputs[1]))
+    assert torch.equal(outputs[1], first_k), "a refused gather wrote its outputs"
+    into_wire = recv.tensors["wire"].view(-1)[: outputs[0].numel()].view(outputs[0].shape)
+    with pytest.raises(ValueError, match=r"shares memory with bufs\.tensors"):
+        module.gather(recv, out=(into_wire, outputs[1], outputs[2]))
+    module.scatter(q, k, v, send)
+    module.gather(recv, out=tuple(outputs))
+
+
+def test_a_source_that_requires_grad_is_refused_in_grad_mode(generator: torch.Generator) -> None:
+    # The copies record nothing for autograd: rather an error than a gradient lost without a word.
+    module, shape = gqa()
+    send = alloc(module, shape, "to_attention")
+    q, k, v = shards(module, shape, generator)
+    module.scatter(q, k, v, send)  # the plan exists: the refusal must not depend on it
+    k = k.float().requires_grad_().to(k.dtype)
+    with pytest.raises(RuntimeError, match=r"scatter: k requires grad.*torch.no_grad\(\).*k.detach\(\)"):
+        module.scatter(q, k, v, send)
+    with torch.no_grad():
+        module.scatter(q, k, v, send)
+    with torch.inference_mode():
+        module.scatter(q, k.detach(), v, send)
+    out_send = alloc(module, shape, "from_attention")
+    attention_out = torch.randn(*tensor_shape(module.SPEC, shape, module.SPEC.from_attention.tensors[0], "attention"))
+    with pytest.raises(RuntimeError, match="scatter_out: out requires grad"):
+        module.scatter_out(attention_out.to(shape.dtype).requires_grad_(), out_send)
+
+
 def test_bad_outputs_and_shapes_are_named(generator: torch.Generator) -> None:
     module, shape = gqa()
     recv = alloc(module, shape, "to_attention")

@@ -115,6 +115,11 @@ def test_yaml_text_with_flow_lists_parses(tmp_path: Path) -> None:
             "lower-case letters",
         ),
         ({"to_attention__tensors": [{"name": "bufs", "heads": "H"}]}, "to_attention.tensors.0.name", "generated code"),
+        (
+            {"from_attention__tensors": [{"name": "blocks", "heads": "H"}]},
+            "from_attention.tensors.0.name",
+            "generated code",
+        ),
         ({"to_attention__tensors": [{"name": "lambda", "heads": "H"}]}, "to_attention.tensors.0.name", "keyword"),
         ({"to_attention__tensors": [{"name": "q", "heads": "H_q"}]}, "to_attention.tensors.0.heads", "'H' or 'H_kv'"),
         ({"to_attention__tensors": [{"name": "q"}]}, "to_attention.tensors.0.heads", "required; add it"),
@@ -122,11 +127,40 @@ def test_yaml_text_with_flow_lists_parses(tmp_path: Path) -> None:
         ({"from_attention": None}, "from_attention", "required; add it"),
         ({"wire": ["peer"]}, "wire", "unknown key; remove it"),
         ({"to_attention__buffers": "shared"}, "to_attention.buffers", "unknown key"),
+        ({"local": "seq,head,dim"}, "local", "must be a list ([a, b, c], or one `- item` per line); got a string"),
+        ({"to_attention__tensors": ["q", "k"]}, "to_attention.tensors.0", "must be a mapping of keys"),
+        ({"from_attention": [1, 2]}, "from_attention", "must be a mapping of keys (see docs/design.md"),
     ],
 )
 def test_every_rule_names_its_field_and_the_fix(changes: dict[str, Any], field: str, message: str) -> None:
     found = problems(with_changes(**changes))
     assert any(got == field and message in text for got, text in found), found
+
+
+def test_no_tensor_name_can_shadow_a_name_the_generated_code_uses() -> None:
+    # Every lower-case name a function with tensor parameters binds or reads beside them (the launchers'
+    # `blocks`, the public functions' `result`, ...) must be reserved: a tensor named like it would be
+    # overwritten before use.  Read from every bundled spec's generated module.
+    import ast
+    import re
+
+    from layoutgen.loader import generated_dir
+    from layoutgen.ulysses.spec import RESERVED_TENSOR_NAMES, TENSOR_NAME_PATTERN
+
+    used: set[str] = set()
+    for name in BUNDLED:
+        spec = bundled_specs()[name]
+        tensors = {t.name for d in ("to_attention", "from_attention") for t in spec.direction(d).tensors}
+        tree = ast.parse((generated_dir() / f"{name}.py").read_text(encoding="utf-8"))
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            arguments = {a.arg for a in (*function.args.args, *function.args.kwonlyargs)}
+            if arguments & tensors:
+                names = {node.id for node in ast.walk(function) if isinstance(node, ast.Name)} | arguments
+                used |= {n for n in names - tensors if re.fullmatch(TENSOR_NAME_PATTERN, n)}
+    assert {"blocks", "bufs", "config"} <= used, "the scan found none of the launchers' names"
+    assert used <= RESERVED_TENSOR_NAMES, f"not reserved: {sorted(used - RESERVED_TENSOR_NAMES)}"
 
 
 def test_a_missing_family_is_read_as_dcp_and_refused_there() -> None:

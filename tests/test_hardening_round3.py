@@ -1,0 +1,144 @@
+"""Third hardening pass, from an adversarial review: each test is a defect a reviewer hit, fixed.
+
+CLI cases run the real entry point in this process (`test_cli_polish.run_main`); kernel cases run under the
+Triton interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import requires_interpreter
+from test_cli_polish import assert_one_line_error, run_main
+
+import layoutgen
+from layoutgen.runtime.tensors import OverlapGuard
+
+needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+
+
+@needs_no_gpu
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "deepspeed_ulysses"])
+def test_alloc_on_a_cuda_device_without_cuda_says_so(spec_name: str) -> None:
+    # Instead of torch's bare "Torch not compiled with CUDA enabled" assertion.
+    module = layoutgen.load(spec_name)
+    extra: dict[str, Any] = {"B": 1} if module.SPEC.family == "ulysses" else {}
+    with pytest.raises(RuntimeError, match=r"alloc: device cuda:0 is not available here.*device='cpu'"):
+        module.alloc(2, 4, 4, 8, torch.bfloat16, "cuda:0", **extra)
+    with pytest.raises(ValueError, match=r"alloc: device must be a torch.device or a name"):
+        module.alloc(2, 4, 4, 8, torch.bfloat16, "gpu-please", **extra)
+
+
+@needs_no_gpu
+def test_an_exchange_on_a_cuda_device_without_cuda_says_so() -> None:
+    from layoutgen import DcpExchange
+
+    with pytest.raises(RuntimeError, match="DcpExchange: device cuda is not available here"):
+        DcpExchange("vllm_a2a", B_max=2, H=4, D=8, dtype=torch.bfloat16, device="cuda")
+
+
+@requires_interpreter
+def test_pack_names_buffers_given_in_the_place_of_lse() -> None:
+    module = layoutgen.load("trtllm_helix_nccl")
+    bufs = module.alloc(2, 2, 4, 8, torch.bfloat16)
+    out, maximum, total = torch.randn(2, 4, 8).to(torch.bfloat16), torch.randn(2, 4), torch.rand(2, 4) + 1
+    with pytest.raises(TypeError, match=r"buffers came in lse's place.*pack\(out, bufs=bufs, max_sum="):
+        module.pack(out, bufs, max_sum=(maximum, total))
+    module.pack(out, bufs=bufs, max_sum=(maximum, total))
+
+
+@requires_interpreter
+def test_an_empty_mask_of_another_dtype_is_a_type_error() -> None:
+    module = layoutgen.load("vllm_a2a")
+    bufs = module.alloc(2, 2, 4, 8, torch.bfloat16)
+    out, lse = torch.randn(2, 4, 8).to(torch.bfloat16), torch.randn(2, 4)
+    with pytest.raises(TypeError, match=r"empty must be a torch.bool tensor \[R=2\].*torch.uint8"):
+        module.pack(out, lse, bufs, empty=torch.zeros(2, dtype=torch.uint8))
+
+
+def test_the_overlap_guard_sees_buffers_and_outputs_at_new_addresses() -> None:
+    buffers = [torch.empty(64), torch.empty(32)]
+    tensors = [torch.empty(4, 4), torch.empty(8)]
+    guard = OverlapGuard.of(buffers, tensors, disjoint=True)
+    assert not guard.may_overlap(tensors)
+    assert guard.may_overlap([buffers[1][:16].view(4, 4), tensors[1]]), "a tensor inside a buffer"
+    assert guard.may_overlap([tensors[0], tensors[0].view(-1)[8:16]]), "two outputs sharing memory"
+    assert not OverlapGuard.of(buffers, tensors, disjoint=False).may_overlap([tensors[0], tensors[0].view(-1)[:8]])
+    assert not guard.may_overlap([torch.empty(4, 4), torch.empty(0)]), "an empty tensor touches nothing"
+
+
+def test_diff_of_layouts_with_other_elements_says_what_differs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, err = run_main(["diff", "pynccl_a2a", "pynccl_a2a_fp8"], capsys, monkeypatch)
+    assert code == 2 and "only pynccl_a2a_fp8 holds scale" in " ".join(err.split()), err
+    assert "{" not in err, "the message shows Python dicts"
+
+
+def test_tune_on_a_grid_no_spec_can_hold_is_bad_input(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was "nothing to tune: every study of this run is decided in the database" and exit 0.
+    code, _, err = run_main(["tune", "--dry-run", "--spec", "pynccl_a2a", "--shape", "N=3"], capsys, monkeypatch)
+    assert_one_line_error(code, err, "no study to plan", "N=3", "divisible by N")
+
+
+def test_tune_names_a_storage_url_it_cannot_open(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    args = ["tune", "--interpret", "--spec", "pynccl_a2a", "--kernel", "pack", "--N", "2", "--heads", "2"]
+    args += ["--D", "8", "--db", str(tmp_path), "--storage", "nosuchdialect://x/y"]
+    code, _, err = run_main(args, capsys, monkeypatch)
+    assert_one_line_error(code, err, "--storage nosuchdialect://x/y", "cannot open it as an Optuna database")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["build", "--spec", "pynccl_a2a", "--out", "{file}", "--no-verify"], ("--out", "is not a directory")),
+        (["tune", "--dry-run", "--spec", "pynccl_a2a", "--storage", "{file}/x.journal"], ("--storage",)),
+        (["tune", "--dry-run", "--spec", "pynccl_a2a", "--db", "{file}"], ("--db", "is not a directory")),
+        (["show", "pynccl_a2a", "--png", "{file}/x.png"], ("--png", "is not a directory")),
+    ],
+    ids=["build --out", "tune --storage (dry run)", "tune --db (dry run)", "show --png"],
+)
+def test_a_file_where_a_directory_belongs_is_named(
+    args: list[str],
+    words: tuple[str, ...],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    if args[0] == "show":
+        pytest.importorskip("matplotlib")
+    in_the_way = tmp_path / "afile"
+    in_the_way.write_text("a file\n")
+    code, out, err = run_main([arg.format(file=in_the_way) for arg in args], capsys, monkeypatch)
+    assert_one_line_error(code, err, *words)
+    assert not out.strip(), "something was printed before the refusal"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [([], "the following arguments are required"), (["nosuch"], "no generated module for spec 'nosuch'")],
+)
+def test_the_offline_compile_command_refuses_bad_arguments(args: list[str], words: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "layoutgen.tuning.offline", *args], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_db_prune_and_show_say_what_they_found(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    code, out, _ = run_main(["db", "prune", "--db", str(tmp_path)], capsys, monkeypatch)
+    assert code == 0 and "no database files in" in out
+    misnamed = tmp_path / "NVIDIA_A100.json"
+    misnamed.write_bytes((Path(__file__).resolve().parent.parent / "tuning_db" / "NVIDIA_H200.json").read_bytes())
+    code, out, _ = run_main(["db", "show", "--db", str(tmp_path), "--device", "NVIDIA A100"], capsys, monkeypatch)
+    assert code == 0 and "which belongs in NVIDIA_H200.json" in " ".join(out.split()), out
