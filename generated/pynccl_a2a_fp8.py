@@ -24,7 +24,7 @@ SPEC_HASH = 'b95b7d581dfddc74e68907abef52c19146742ef6474e39489a62429e895d95f4'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
 SOURCE_HASHES = {'pack': '057d923bdc00ba57c8c168b421866a46484e8a83f65c020b65269c399c1304ac', 'combine': 'b3ef0c35e8ff0c19e66fd921ad0e2690fab3b5b8ace856ad0f0d1eaf07bca156'}
 SPEC_SUMMARY = "pynccl_a2a with an fp8 (e4m3fn) payload; each row's float32 scale follows the LSE in the row tail, rows padded to 16 bytes."
-SPEC = _parse_spec({**{'family': 'dcp', 'name': 'pynccl_a2a_fp8', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'float8_e4m3fn'}, 'stats': {'placement': 'row_tail'}, 'align_bytes': 16}, "summary": SPEC_SUMMARY}, source=__name__)
+SPEC = _parse_spec({**{'family': 'dcp', 'name': 'pynccl_a2a_fp8', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'float8_e4m3fn'}, 'stats': {'placement': 'row_tail'}, 'align_bytes': 16}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
 
 

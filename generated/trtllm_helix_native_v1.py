@@ -24,7 +24,7 @@ SPEC_HASH = '6cf9426a019854edd1ca61a08cc112c8e5bc12e99bacbb5abfced818f79f7306'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
 SOURCE_HASHES = {'pack': '5e9b7891a9943a8c7976467e4c6cc1638d9d8d1fdeb888eb1c4ad1ca6fb7b90f', 'combine': '851613389792f19c726c90dff8ad71f2524490c40ef8ba7b26db11d38c372384'}
 SPEC_SUMMARY = 'TensorRT-LLM helix native v1 (FIFO, cp_dim 2): partials [T, H, cp, D] and (max, sum) stats [T, H, cp, 2].'
-SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_native_v1', 'transport': 'external', 'payload': {'axes': ['batch', 'head', 'peer', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['batch', 'head', 'peer', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__)
+SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_native_v1', 'transport': 'external', 'payload': {'axes': ['batch', 'head', 'peer', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['batch', 'head', 'peer', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'external'
 
 

@@ -24,7 +24,7 @@ SPEC_HASH = 'e509898f46b24b723c3d5ba52f2db46cc5fe11aa7d982d9204b3f22fc6ec0656'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
 SOURCE_HASHES = {'pack': 'a7d36030c551e464654ac2a66ebb6a9a82a1b867061807ef8ba0a0dfd5ea3429', 'combine': 'f1483665bbb201a0480a54bd4c2b425bca4d77675b8facd5bcb941f4a95b6629'}
 SPEC_SUMMARY = 'TensorRT-LLM helix native v2 (FIFO, cp_dim 1, the default): partials [T, cp, H, D] and (max, sum) stats [T, cp, H, 2].'
-SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_native_v2', 'transport': 'external', 'payload': {'axes': ['batch', 'peer', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['batch', 'peer', 'head', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__)
+SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_native_v2', 'transport': 'external', 'payload': {'axes': ['batch', 'peer', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['batch', 'peer', 'head', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'external'
 
 

@@ -24,7 +24,7 @@ SPEC_HASH = '87f3b7ba501c7cc2eb6fca97a86c5e2dfa288328570f264922fb15cf462da5bc'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
 SOURCE_HASHES = {'pack': 'dbc279b62ea6a015687daf0cb7897cff07758625c8048d1e9dde73314a2637d0', 'combine': 'ca2557a1b6afbfc0ec9ca7eb6b1ade1b464ced96b3158ed6d629517ddcd4a601'}
 SPEC_SUMMARY = 'TensorRT-LLM helix, cp_dim 0 (NCCL all-to-all): partials [cp, T, H, D] and (max, sum) stats [cp, T, H, 2].'
-SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_nccl', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__)
+SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_nccl', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
 
 

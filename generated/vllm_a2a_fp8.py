@@ -25,7 +25,7 @@ SPEC_HASH = 'eda1569232bb4e07f1f50e82abb714c3ad729fefb44ebe5771bc89c01083ebe0'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
 SOURCE_HASHES = {'pack': 'f7ad220e8e9782417570877a8e789c7b656a4274eefb513996139a9eed5ecc43', 'combine': '3e97c93a8a219d7e254c77b9427cb6e30e8611ae5ec4c8cb056629cdc81dcbfe'}
 SPEC_SUMMARY = 'vllm_a2a with an fp8 (e4m3fn) payload; the LSE and the per-row float32 scales in buffers of their own.'
-SPEC = _parse_spec({**{'family': 'dcp', 'name': 'vllm_a2a_fp8', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'float8_e4m3fn', 'scale_axes': ['peer', 'batch', 'head', 'block']}, 'stats': {'placement': 'separate', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 1, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__)
+SPEC = _parse_spec({**{'family': 'dcp', 'name': 'vllm_a2a_fp8', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'float8_e4m3fn', 'scale_axes': ['peer', 'batch', 'head', 'block']}, 'stats': {'placement': 'separate', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 1, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
 
 

@@ -103,7 +103,7 @@ def render_module(spec: Any, spec_file: str) -> Rendered:
             "#: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.",
             f"SOURCE_HASHES = {hashes!r}",
             f"SPEC_SUMMARY = {spec.summary!r}",
-            f'SPEC = _parse_spec({{**{spec_data!r}, "summary": SPEC_SUMMARY}}, source=__name__)',
+            f'SPEC = _parse_spec({{**{spec_data!r}, "summary": SPEC_SUMMARY}}, source=__name__, built=True)',
         ]
     )
     header = (

@@ -307,9 +307,16 @@ def unregister(name: str) -> None:
 
 
 def _from_environment() -> dict[str, str]:
-    from layoutgen.settings import settings
+    from layoutgen.settings import SettingError, settings
 
-    return dict(settings.families)
+    families = dict(settings.families)
+    for name, module in families.items():
+        if name in BUILTIN_FAMILIES and module != BUILTIN_FAMILIES[name]:
+            raise SettingError(
+                f"LAYOUTGEN_FAMILIES names {name}={module}, but {name!r} is layoutgen's built-in family "
+                f"({BUILTIN_FAMILIES[name]}); give your family another name"
+            )
+    return families
 
 
 def _known() -> dict[str, str]:
@@ -334,7 +341,17 @@ def get_family(name: str) -> Family:
     known = _known()
     if name not in known:
         raise ValueError(f"unknown family {name!r}; known families: {', '.join(sorted(known))}")
-    module = importlib.import_module(known[name])
+    try:
+        module = importlib.import_module(known[name])
+    except Exception as error:  # whatever the module raises on import
+        from layoutgen.settings import SettingError
+
+        if name not in _from_environment():
+            raise
+        raise SettingError(
+            f"LAYOUTGEN_FAMILIES: the module {known[name]} of family {name!r} does not import ({type(error).__name__}: "
+            f"{error}); fix the module or the variable's entry {name}={known[name]}"
+        ) from error
     family = getattr(module, "FAMILY", None)
     if not isinstance(family, Family):
         raise TypeError(f"module {known[name]} of family {name!r} must expose a layoutgen.family.Family as FAMILY")

@@ -54,12 +54,16 @@ def _path(text: str) -> Path:
     return Path(os.path.expanduser(text))  # unlike Path.expanduser, never raises for `~nobody`
 
 
+class SettingError(ValueError):
+    """A LAYOUTGEN_* variable that cannot be used; the message names it and the fix (the CLI: exit 2)."""
+
+
 def _families(text: str) -> dict[str, str]:
     pairs = {}
     for item in text.split(","):
         name, separator, module = item.strip().partition("=")
         if not separator or not name.strip() or not module.strip():
-            raise ValueError(
+            raise SettingError(
                 f"LAYOUTGEN_FAMILIES must be NAME=MODULE pairs separated by commas, e.g. "
                 f"'stridecopy=my_package.stridecopy'; got {text!r}"
             )

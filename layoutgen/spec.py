@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from layoutgen.family import DEFAULT_FAMILY, FAMILY_NAME_PATTERN, content_hash, families, get_family
 from layoutgen.files import FileRefused, read_bounded
@@ -93,7 +93,11 @@ class SpecBase(BaseModel):
 
     @field_validator("name")
     @classmethod
-    def _name_is_not_reserved(cls, name: str) -> str:
+    def _name_is_not_reserved(cls, name: str, info: ValidationInfo) -> str:
+        if (info.context or {}).get("built"):
+            # A generated module's own spec, checked when it was built: once its folder is on sys.path the
+            # module itself is importable, so the name would read as taken.
+            return name
         if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in reserved_names():
             raise ValueError(
                 f"'{name}' is a Python keyword or a reserved name (a module this Python environment can "
@@ -170,8 +174,9 @@ def _problems_from(error: ValidationError) -> list[tuple[str, str]]:
     return problems
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> Any:
-    """Validate already-parsed YAML/JSON data with its family's model; raise :class:`SpecError`."""
+def parse_spec(data: Any, source: str = "<spec>", *, built: bool = False) -> Any:
+    """Validate already-parsed YAML/JSON data with its family's model; raise :class:`SpecError`.  `built`: the
+    spec of a generated module (checked when it was built), whose name is not held against it as taken."""
     if not isinstance(data, Mapping):
         raise SpecError(source, [("(top level)", f"must be a mapping of keys, got {type(data).__name__}")])
     family_name = data.get("family", DEFAULT_FAMILY)
@@ -182,7 +187,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> Any:
     except ValueError as error:
         raise SpecError(source, [("family", str(error))]) from None
     try:
-        return family.spec_model.model_validate(dict(data))
+        return family.spec_model.model_validate(dict(data), context={"built": built})
     except ValidationError as error:
         problems = _problems_from(error)
         if "family" not in data:

@@ -142,3 +142,73 @@ def test_db_prune_and_show_say_what_they_found(
     misnamed.write_bytes((Path(__file__).resolve().parent.parent / "tuning_db" / "NVIDIA_H200.json").read_bytes())
     code, out, _ = run_main(["db", "show", "--db", str(tmp_path), "--device", "NVIDIA A100"], capsys, monkeypatch)
     assert code == 0 and "which belongs in NVIDIA_H200.json" in " ".join(out.split()), out
+
+
+def test_the_reference_exchange_moves_each_buffer_along_its_own_peer_axis() -> None:
+    # An external fp8 spec may put peer elsewhere in its scales than in its stats: the reference exchange
+    # took the stats' axes for the scales too (a ValueError here, a wrong exchange where the extents agree).
+    from layoutgen.dcp import reference
+    from layoutgen.dcp.layout import LayoutBuffers, buffer_shapes
+    from layoutgen.spec import parse_spec_text
+
+    spec = parse_spec_text(
+        "name: fp8_scales_apart\nsummary: scales with peer second\ntransport: external\n"
+        "payload: {axes: [peer, batch, head, dim], dtype: float8_e4m3fn, scale_axes: [batch, peer, head, block]}\n"
+        "stats: {placement: separate, axes: [peer, batch, head, slot], slots: 1}\n"
+    )
+    generator = torch.Generator().manual_seed(3)
+    send = [LayoutBuffers.allocate(spec, 2, 3, 4, 16, torch.bfloat16) for _ in range(2)]
+    for bufs in send:
+        for tensor in bufs.tensors.values():
+            tensor.view(torch.uint8).copy_(torch.randint(0, 256, tensor.view(torch.uint8).shape, generator=generator))
+    recv = reference.exchange(send)
+    for name, (axes, _, _) in buffer_shapes(spec, send[0].shape).items():
+        peer = axes.index("peer")
+        for dst in range(2):
+            for src in range(2):
+                got = recv[dst].tensors[name].select(peer, src).view(torch.uint8)
+                assert torch.equal(got, send[src].tensors[name].select(peer, dst).view(torch.uint8)), (name, dst, src)
+
+
+def test_a_generated_module_imports_from_a_folder_on_the_path(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Its spec is parsed again at import; its name read as "a module this environment can import" once its
+    # own folder was on sys.path, and the import failed.
+    import yaml
+
+    from layoutgen.dcp import FAMILY
+
+    data = {**yaml.safe_load((FAMILY.spec_dir / "vllm_a2a.yaml").read_text()), "name": "zzz_backend_a2a"}
+    (tmp_path / "zzz.yaml").write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    code, _, err = run_main(
+        ["build", "--spec", str(tmp_path / "zzz.yaml"), "--out", str(out), "--no-verify"], capsys, monkeypatch
+    )
+    assert code == 0, err
+    result = subprocess.run(
+        [sys.executable, "-c", "import zzz_backend_a2a; print(zzz_backend_a2a.SPEC.name)"],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": f"{out}:{Path(__file__).resolve().parent.parent}"},
+    )  # fmt: skip
+    assert result.returncode == 0 and result.stdout.strip() == "zzz_backend_a2a", result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("dcp=some_plugin", ("'dcp' is layoutgen's built-in family", "another name")),
+        ("mine=no_such_module_anywhere", ("the module no_such_module_anywhere of family 'mine' does not import",)),
+        ("not-a-pair", ("NAME=MODULE pairs",)),
+    ],
+)
+def test_layoutgen_families_problems_are_one_line_bad_input(
+    value: str, words: tuple[str, ...], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A built-in family was silently replaced; an import failure read as an internal error (exit 1).
+    from layoutgen.settings import settings
+
+    monkeypatch.setenv("LAYOUTGEN_FAMILIES", value)
+    monkeypatch.setattr(settings, "_cache", {}, raising=False)
+    code, _, err = run_main(["families"], capsys, monkeypatch)
+    assert_one_line_error(code, err, "LAYOUTGEN_FAMILIES", *words)

@@ -21,6 +21,7 @@ from layoutgen.cli import families as families_command
 from layoutgen.cli import show as show_command
 from layoutgen.cli import tune as tune_command
 from layoutgen.cli.common import CommandFailed, GuardedStdout, OutputClosed, debug, errors, expand_arguments, say
+from layoutgen.settings import SettingError
 from layoutgen.signals import cancel_redeliveries, deliver_again_soon, inside_import, swallowed_interrupt_hook
 from layoutgen.spec import SpecError
 
@@ -118,7 +119,7 @@ def _run() -> None:
         errors.print("error: ", style="red", end="", markup=False)
         say(str(failure), err=True)
         sys.exit(failure.code)
-    except SpecError as error:
+    except (SpecError, SettingError) as error:
         if debug["on"]:
             raise
         errors.print("error: ", style="red", end="", markup=False)

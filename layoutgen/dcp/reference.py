@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from layoutgen.dcp import quant
-from layoutgen.dcp.layout import LayoutBuffers
+from layoutgen.dcp.layout import LayoutBuffers, buffer_shapes
 
 LSE_BASES = ("e", "2")
 INF = float("inf")
@@ -110,9 +110,9 @@ def exchange(send: list[LayoutBuffers]) -> list[LayoutBuffers]:
     packed for peer r.  Every byte moves, padding included, as a transport would move it."""
     world = len(send)
     recv = [LayoutBuffers(b.spec, b.shape, {k: torch.empty_like(t) for k, t in b.tensors.items()}) for b in send]
+    layout = buffer_shapes(send[0].spec, send[0].shape)
     for name, tensor in send[0].tensors.items():
-        axes = send[0].spec.payload.axes if name == "payload" else send[0].spec.stats.axes
-        peer_dim = (axes or ()).index("peer")
+        peer_dim = layout[name][0].index("peer")  # each buffer's own axes: payload, stats, fp8 scales
         if tensor.shape[peer_dim] != world:
             raise ValueError(f"{world} ranks exchange buffers sized for N={tensor.shape[peer_dim]} peers")
         for dst in range(world):
