@@ -20,11 +20,21 @@ REDELIVERY_S = 0.05
 _redeliveries: list[threading.Timer] = []
 
 
+#: Whether the last KeyboardInterrupt of a `sigterm_interrupts` block came from SIGTERM (the exit says so).
+_terminated = {"by_sigterm": False}
+
+
+def terminated_by_sigterm() -> bool:
+    return _terminated["by_sigterm"]
+
+
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread."""
+    """Within the block, SIGTERM raises KeyboardInterrupt in the main thread (`terminated_by_sigterm()` then
+    says it was SIGTERM, for the exit code: 143, not Ctrl-C's 130)."""
 
     def interrupt(signum: int, frame: object) -> None:
+        _terminated["by_sigterm"] = True
         raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():

@@ -212,3 +212,15 @@ def test_layoutgen_families_problems_are_one_line_bad_input(
     monkeypatch.setattr(settings, "_cache", {}, raising=False)
     code, _, err = run_main(["families"], capsys, monkeypatch)
     assert_one_line_error(code, err, "LAYOUTGEN_FAMILIES", *words)
+
+
+@pytest.mark.parametrize("which", ["database", "journal"])
+def test_a_report_never_replaces_the_database_or_the_journal(
+    which: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    db, journal = tmp_path / "db", tmp_path / "s.journal"
+    report = db / "cpu-interpreter.json" if which == "database" else journal
+    args = ["tune", "--interpret", "--spec", "pynccl_a2a", "--db", str(db), "--storage", str(journal)]
+    code, _, err = run_main([*args, "--report", str(report)], capsys, monkeypatch)
+    assert_one_line_error(code, err, f"--report {report}", "markdown file")
+    assert not report.exists()

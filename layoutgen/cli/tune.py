@@ -165,7 +165,14 @@ def tune(
         check_writable_dir(Path(storage).expanduser().parent, f"--storage {storage}")
     if report is not None:
         from layoutgen.tuning.runner import check_report_path
+        from layoutgen.tuning.storage import default_journal_path
 
+        journal = default_journal_path() if storage is None else Path(storage).expanduser()
+        target = report.resolve()
+        if target.parent == db_dir.resolve() and target.suffix == ".json":
+            raise bad_input(f"--report {report} would replace a tuning database file in {db_dir}; name a markdown file")
+        if (storage is None or "://" not in storage) and target == journal.resolve():
+            raise bad_input(f"--report {report} is the study journal; name a markdown file of its own")
         check_writable_dir(report.parent, f"--report {report}")  # names a regular file in the way
         try:
             check_report_path(report)
@@ -259,6 +266,9 @@ def _print_plan(options: object) -> None:
 
 
 def _exit_resumable() -> NoReturn:
-    errors.print("interrupted", style="red", end="", markup=False)
+    from layoutgen.signals import terminated_by_sigterm
+
+    terminated = terminated_by_sigterm()
+    errors.print("terminated" if terminated else "interrupted", style="red", end="", markup=False)
     say(": decided studies were recorded; re-run the same command to resume", err=True)
-    sys.exit(130)
+    sys.exit(143 if terminated else 130)
