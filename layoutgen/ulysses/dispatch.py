@@ -159,8 +159,9 @@ class Dispatcher:
     def _refuse_gradients(self, kernel: str, tensors: tuple[Any, ...]) -> None:
         """The copies do not record themselves for autograd: a source that requires grad, in grad mode, would
         lose its gradient without a word (DeepSpeed's all-to-all is an autograd Function; ours is not)."""
-        for tensor_spec, tensor in zip(self.spec.direction(KERNEL_DIRECTION[kernel]).tensors, tensors, strict=False):
-            if getattr(tensor, "requires_grad", False):
+        for position, tensor in enumerate(tensors):
+            if getattr(tensor, "requires_grad", False):  # the names are looked up only for the refusal
+                tensor_spec = self.spec.direction(KERNEL_DIRECTION[kernel]).tensors[position]
                 raise RuntimeError(
                     f"{kernel}: {tensor_spec.name} requires grad, and layoutgen's kernels do not propagate gradients "
                     f"(inference only): call under torch.no_grad() or torch.inference_mode(), or pass "
