@@ -52,6 +52,9 @@
 #                                               check, every GPU test
 #   bash benchmarks/gpu_session.sh index64 OUT   the 64-bit test of the tensor-major programs after its fix, the scatter
 #                                               and gather entries the fix made stale (12 trials), bench_ulysses.py
+#   bash benchmarks/gpu_session.sh flag OUT      the contract-v2 GPU tests; the masked pack of generated/ against that of
+#                                               probe_rowflag/ (the specs rendered before a pack template change; the
+#                                               eighth pass: a scalar flag per tile, dropped), at B <= 8 and B 64
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -219,6 +222,14 @@ dcp)
 space)
     timeout 420 python3 benchmarks/probe_pack_mask.py --space --sample 48 --spec trtllm_helix_nccl --spec flashinfer_mnnvl \
         --point 8:1:128:512 --point 4:8:128:512 --point 8:8:16:512 --out "$out/probe_pack_mask_space_H200.json" 2>&1 | tail -8
+    ;;
+flag)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_v2_gpu.py 2>&1 | tee "$out/gpu_tests_v2.log" | tail -3
+    points=""
+    for N in 2 4 8; do for B in 1 8; do points="$points --point $N:$B:128:512"; done; done
+    for N in 2 8; do points="$points --point $N:8:16:512 --point $N:8:32:128 --point $N:64:128:512"; done
+    timeout 400 python3 benchmarks/probe_pack_mask.py --compare per_row=probe_rowflag $points \
+        --out "$out/probe_pack_flag_H200.json" 2>&1 | tail -3
     ;;
 gpu)
     timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -4

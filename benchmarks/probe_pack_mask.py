@@ -15,6 +15,13 @@ and checked byte for byte against `layoutgen.dcp.reference` before it is timed. 
 empties every K-th request (0: none empty, a mask of all False); `--point N:B:H:D` (repeatable) replaces
 `bench_dcp_v2.py`'s grid.
 
+`--compare LABEL=DIR` times the committed module's unmasked and masked packs (its launcher's own form)
+against the masked pack of `DIR/<spec>.py`, a module of the same spec rendered from another template, all in
+one config: the database's entry for whichever module's kernel hash it holds (so a template change can be
+weighed before its re-tune), else the default.  `archive/probe_pack_flag_H200.json` weighed a scalar flag
+per tile of one request (then the generated modules, "masked") against the committed flag per row ("per_row",
+rendered before the change into the folder named): slower, dropped (notes_H200.md, eighth pass).
+
 Usage (GPU): python benchmarks/probe_pack_mask.py --out /tmp/probe.json [--spec S ...] [--quick] [--point ...]
 Earlier runs: benchmarks/results/archive/probe_pack_mask*_H200.json.  The first, `probe_pack_mask_H200.json`,
 was made before the launcher chose between the forms (by this script's first version, which rewrote the
@@ -79,6 +86,69 @@ def measure(bench: Any, module: Any, N: int, B: int, H: int, D: int, empty_every
     return row
 
 
+def measure_compare(bench: Any, module: Any, other: Any, label: str, N: int, B: int, H: int, D: int) -> dict[str, Any]:
+    """`module`'s unmasked and masked packs and `other`'s masked pack (every 4th request empty), interleaved
+    in one config (see the module docstring), each checked byte for byte first."""
+    from bench_dcp_v2 import _filled, _same, pack_inputs
+
+    nbytes, sets, outs, lses, empty = pack_inputs(bench, module, N, B, H, D)
+    config, source = bench.config(module, "pack", N, H, D, B)
+    if source != "tuned":
+        config, source = bench.config(other, "pack", N, H, D, B)
+    runs = {}
+    for name, launcher, mask in (("unmasked", module, None), ("masked", module, empty), (label, other, empty)):
+        sends = [module.alloc(N, B, H, D, torch.bfloat16, bench.device) for _ in range(sets)]
+        expected = _filled(module.alloc(N, B, H, D, torch.bfloat16, bench.device))
+        _filled(sends[0])
+
+        def run(i: int, sends: list[Any] = sends, launcher: Any = launcher, mask: Any = mask) -> None:
+            launcher._launch_pack(outs[i], lses[i], sends[i], B, config, False, empty=mask)
+
+        reference.pack(outs[0], lses[0], expected, empty=mask)
+        run(0)
+        if not _same(sends[0], expected):
+            raise AssertionError(f"{module.SPEC_NAME} {name} pack differs from the reference at {N} {B} {H} {D}")
+        runs[name] = run
+    timings = bench.timer.time_interleaved(list(runs.values()), sets, max(1.0, nbytes / 3.5e6))
+    row: dict[str, Any] = {"spec": module.SPEC_NAME, "N": N, "B": B, "H": H, "D": D, "config": source}
+    row.update({"block_batch": config.block_batch, "bytes": nbytes})
+    row["us"] = {name: timing.median_us for name, timing in zip(runs, timings, strict=True)}
+    row["over_unmasked"] = {name: us / row["us"]["unmasked"] for name, us in row["us"].items()}
+    return row
+
+
+def compare_main(bench: Any, args: Any, points: list[Any]) -> int:
+    from bench_dcp_v2 import HELIX_SPECS, LSE_SPECS, environment
+
+    from layoutgen.loader import load_path
+
+    label, _, folder = args.compare.partition("=")
+    rows: list[dict[str, Any]] = []
+    for name in args.spec or (*LSE_SPECS, *HELIX_SPECS):
+        module = layoutgen.load(name)
+        other = load_path(Path(folder) / f"{name}.py", module_name=f"layoutgen_probe_{label}_{name}")
+        if not rows:
+            measure_compare(bench, module, other, label, *points[0])  # a process's first timings run fast
+        for point in points:
+            row = measure_compare(bench, module, other, label, *point)
+            rows.append(row)
+            ratios = "  ".join(f"{key} {ratio:.3f}" for key, ratio in row["over_unmasked"].items())
+            print(f"{name} N={point[0]} B={point[1]} H={point[2]} D={point[3]} bb={row['block_batch']} "
+                  f"({row['config']}): unmasked {row['us']['unmasked']:.2f} us  {ratios}", flush=True)  # fmt: skip
+            result = {
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "environment": environment(),
+                "compare": label,
+                "rows": rows,
+            }
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    for key in ("masked", label):
+        ratios = [row["over_unmasked"][key] for row in rows]
+        print(f"{key}: worst {max(ratios):.3f}, above 1.03 at {sum(r > 1.03 for r in ratios)} of {len(ratios)}")
+    return 0
+
+
 def search_masked(
     bench: Any, module: Any, N: int, B: int, H: int, D: int, pool: Any, sample: int = 0
 ) -> dict[str, Any]:
@@ -126,6 +196,7 @@ def main() -> int:
     parser.add_argument("--db", type=Path, default=REPO / "tuning_db", help="tuning database directory")
     parser.add_argument("--space", action="store_true", help="the masked pack over the tuner's whole space instead")
     parser.add_argument("--sample", type=int, default=0, help="--space: at most this many configs per point")
+    parser.add_argument("--compare", metavar="LABEL=DIR", help="against the masked pack of DIR/<spec>.py instead")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
@@ -134,6 +205,10 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     if args.space:
         return space_main(bench, args, points)
+    if args.compare:
+        if "=" not in args.compare or not Path(args.compare.partition("=")[2]).is_dir():
+            parser.error(f"--compare {args.compare}: expected LABEL=DIR, DIR a folder of generated modules")
+        return compare_main(bench, args, points)
     for name in args.spec or (*LSE_SPECS, *HELIX_SPECS):
         module = layoutgen.load(name)
         if not rows:

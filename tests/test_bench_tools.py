@@ -98,3 +98,29 @@ def test_the_mask_probe_forces_each_form_and_checks_its_bytes(monkeypatch: pytes
     monkeypatch.setattr(module, "_launch_pack", skips_the_skip_form)
     with pytest.raises(AssertionError, match="skip pack differs from the reference"):
         probe_pack_mask.measure(bench, module, 2, 5, 4, 8, 4)
+
+
+@requires_interpreter
+def test_the_mask_probe_compares_another_module_and_checks_its_bytes(tmp_path: Path) -> None:
+    import probe_pack_mask
+    from bench_dcp_v2 import Bench
+
+    import layoutgen
+    from layoutgen.loader import load_path
+
+    bench = Bench(True, None)
+    module = layoutgen.load("vllm_a2a")
+    source = Path(module.__file__).read_text(encoding="utf-8")
+    (tmp_path / "same.py").write_text(source, encoding="utf-8")
+    other = load_path(tmp_path / "same.py", module_name="layoutgen_test_probe_same")
+    row = probe_pack_mask.measure_compare(bench, module, other, "variant", 2, 5, 4, 8)
+    assert set(row["us"]) == {"unmasked", "masked", "variant"}
+    assert row["config"] == "default" and row["over_unmasked"]["unmasked"] == 1.0
+
+    # A variant that writes its empty rows' values instead of zeros is caught before it is timed.
+    unmasked_stores = source.replace("tl.store(destination, tl.zeros_like(values), mask=mask & row_empty)", "pass")
+    assert unmasked_stores != source
+    (tmp_path / "wrong.py").write_text(unmasked_stores.replace("& ~row_empty)", ")"), encoding="utf-8")
+    wrong = load_path(tmp_path / "wrong.py", module_name="layoutgen_test_probe_wrong")
+    with pytest.raises(AssertionError, match="variant pack differs from the reference"):
+        probe_pack_mask.measure_compare(bench, module, wrong, "variant", 2, 5, 4, 8)
