@@ -148,6 +148,47 @@ def test_stale_entry_warns_once_and_falls_back(module: ModuleType, clean_dispatc
     assert "another spec" in messages[0] and "re-run `layoutgen tune`" in messages[0]
 
 
+def test_another_torch_warns_once_for_the_whole_file(module: ModuleType, clean_dispatch: Path) -> None:
+    """A database tuned under another torch is stale everywhere: one warning, not one per shape and kernel."""
+    old_torch = {**tuning_db.entry_versions(), "torch": "1.0"}
+    pack_entry = entry(module, "pack", 8, TUNED_PACK).model_copy(update={"versions": old_torch})
+    combine_entry = entry(module, "combine", 8, TUNED_COMBINE).model_copy(update={"versions": old_torch})
+    other_shape = pack_entry.model_copy(update={"key": dcp_key("vllm_a2a", "pack", 4, 3, 24, "bfloat16", 8)})
+    write_db(clean_dispatch, [pack_entry, combine_entry, other_shape])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert pack_config(module, 2) == defaults(module, 2)[0]
+        bufs = pack_matches_reference(module, 2)
+        combine_matches_reference(module, bufs, 2)
+        assert module._dispatch.combine_plan(bufs, 2, "e", None, False, None).config == defaults(module, 2)[1]
+        wider = module.alloc(4, B_MAX, 12, D, torch.bfloat16)  # the other shape: N 4, 3 heads per peer
+        module._dispatch.pack_plan(torch.randn(2, 12, D).to(torch.bfloat16), torch.randn(2, 12), wider)
+    messages = layoutgen_warnings(caught)
+    assert len(messages) == 1, messages
+    assert "tuned with torch 1.0, running" in messages[0] and "re-run `layoutgen tune`" in messages[0]
+
+
+def test_a_changed_kernel_source_warns_once_per_kernel(module: ModuleType, clean_dispatch: Path) -> None:
+    stale = {"source_hash": "0" * 64}
+    write_db(
+        clean_dispatch,
+        [
+            entry(module, "pack", 8, TUNED_PACK).model_copy(update=stale),
+            entry(module, "pack", 4, TUNED_PACK).model_copy(update=stale),
+            entry(module, "combine", 8, TUNED_COMBINE).model_copy(update=stale),
+        ],
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bufs = pack_matches_reference(module, 2)
+        pack_matches_reference(module, 5)  # the other bucket of the same kernel: no second warning
+        combine_matches_reference(module, bufs, 2)
+    messages = layoutgen_warnings(caught)
+    assert len(messages) == 2, messages
+    assert all("another kernel source" in message for message in messages)
+    assert "|pack|" in messages[0] and "|combine|" in messages[1]
+
+
 def test_missing_shape_warns_once_and_falls_back(module: ModuleType, clean_dispatch: Path) -> None:
     other_shape = entry(module, "pack", 8, TUNED_PACK).model_copy(
         update={"key": dcp_key("vllm_a2a", "pack", 4, 3, 24, "bfloat16", 8)}

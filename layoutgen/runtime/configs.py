@@ -137,7 +137,7 @@ def _config_from_entry(
     if problems:
         reason, detail = problems[0]
         warn_once(
-            ("stale", reason, path, entry.key.group()),
+            _stale_scope(reason, detail, path, entry.key),
             f"ignoring tuning entries like {name!r} in {path}: {detail}; re-run `layoutgen tune`",
         )
         return None
@@ -149,6 +149,18 @@ def _config_from_entry(
 
 
 current_problems = tuning_db.current_problems
+
+
+def _stale_scope(reason: str, detail: str, path: Path, key: tuning_db.TuningKey) -> tuple[Any, ...]:
+    """What one stale-entry warning stands for: every entry that is stale for the same cause.  Another
+    Triton or torch makes a whole file stale (one warning, not one per shape: 238 for the bundled database);
+    a changed search space or timing procedure, a kernel of a family; a changed spec or kernel source, one
+    spec's kernel."""
+    if reason in ("triton", "torch"):
+        return ("stale", reason, path, detail)
+    if reason in ("search space", "timing procedure"):
+        return ("stale", reason, path, key.family, key.kernel)
+    return ("stale", reason, path, key.family, key.spec, key.kernel)
 
 
 def tuned_config(
