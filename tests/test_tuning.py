@@ -357,6 +357,33 @@ def test_resume_after_interruption_does_not_redo_trials(tmp_path: Path, monkeypa
 
 
 @requires_interpreter
+def test_a_study_decided_on_fewer_trials_than_asked_is_searched_further(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A --time-budget that ran out (or a smaller --trials) records what it found; asking for more resumes it.
+    short = tiny_options(tmp_path, trials=2)
+    run_tune(short)
+    db_file = Path(short.db_dir) / device_file_name(CPU_INTERPRETER_DEVICE)
+    trials = {entry.key.bucket: entry.trials for entry in read_database(db_file).entries.values()}
+    assert trials == {1: 4, 3: 2}  # the exhaustive bucket's 4 configs; the TPE bucket's 2 trials
+
+    timer = CountingTimer()
+    timer.install(monkeypatch)
+    output = io.StringIO()
+    summary = runner.run(dataclasses.replace(short, trials=4), Console(file=output, width=200))
+    assert [row.bucket for row in summary.rows] == [3]  # the exhaustive one stays decided
+    assert "1 database entries were decided on fewer trials than this run's budget" in output.getvalue()
+    assert timer.calls == 2  # resumed from the study storage: only the two trials it had not measured
+    trials = {entry.key.bucket: entry.trials for entry in read_database(db_file).entries.values()}
+    assert trials == {1: 4, 3: 4}
+
+    again = CountingTimer()
+    again.install(monkeypatch)
+    summary = run_tune(dataclasses.replace(short, trials=4, storage=str(tmp_path / "fresh.journal")))
+    assert summary.rows == [] and again.calls == 0  # decided on the trials asked for: skipped
+
+
+@requires_interpreter
 def test_a_rerun_without_the_study_storage_skips_what_the_database_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,7 +18,15 @@ from rich.markup import escape
 
 from layoutgen.files import replace_atomically
 from layoutgen.signals import sigterm_interrupts
-from layoutgen.tuning.plan import TuneOptions, database_entries, decided, make_targets, study_name, target_buckets
+from layoutgen.tuning.plan import (
+    TuneOptions,
+    database_entries,
+    decided,
+    make_targets,
+    search_plan,
+    study_name,
+    target_buckets,
+)
 from layoutgen.tuning.procedure import MAX_ROTATING_SETS
 from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_lines, summary_lines
 from layoutgen.tuning.results import collect, study_state
@@ -123,12 +131,17 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     if not options.retune:
         l2_bytes = device_l2(options)
         current: list[str] = []
-        retimed = 0
+        retimed = searched_less = 0
         for name, (target, bucket, entry) in held.items():
-            if decided(entry, target, bucket, l2_bytes):
+            if not decided(entry, target, bucket, l2_bytes):
+                if (entry.spec_hash, entry.source_hash) == (target.spec_hash, target.source_hash):
+                    retimed += 1  # the same kernel, timed or searched under other conditions
+            elif entry.trials < search_plan(target.problem, bucket, options).budget:
+                # Decided on fewer trials than this run asks for: a --time-budget that ran out, or a smaller
+                # --trials.  It is searched further (resumed, where the study storage still holds it).
+                searched_less += 1
+            else:
                 current.append(name)
-            elif (entry.spec_hash, entry.source_hash) == (target.spec_hash, target.source_hash):
-                retimed += 1  # the same kernel, timed or searched under other conditions
         current.sort()
         if current:
             options = dataclasses.replace(options, skip=tuple(current))
@@ -142,6 +155,12 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
             console.print(
                 f"{retimed} database entries were tuned under other conditions than this tuner's (another "
                 "search space, timing procedure, number of rotating input sets, triton or torch): tuned again",
+                markup=False,
+            )
+        if searched_less:
+            console.print(
+                f"{searched_less} database entries were decided on fewer trials than this run's budget (a "
+                "--time-budget that ran out, or a smaller --trials): searched further",
                 markup=False,
             )
     storage = open_storage(options.storage)
