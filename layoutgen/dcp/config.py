@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from layoutgen.config import LaunchConfig, next_pow2
-from layoutgen.dcp.spec import DcpSpec
+from layoutgen.dcp.spec import DcpSpec, PayloadDtype
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,25 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
         block_batch = min(next_pow2(B), 64)
         block_dim = min(block_dim, max(64, 4096 // block_batch))
         block_head, block_peer = 1, 1
+    elif innermost in ("peer", "head") and not spec.fp8:
+        # The destination is contiguous along its inner axes, `out` along dim: the box grows from the
+        # destination's innermost axis outward (whole runs of heads or peers first), over at least 64 dims
+        # (128-byte loads of bf16), to ~4096 elements.  A fixed 512 dims left 8 of 16 heads per store, 16
+        # bytes: payload [peer, batch, dim, head] packed at 61% of the copy ceiling, 93% now (H200,
+        # bench_unseen_specs.py).  Not for an fp8 wire, whose programs take whole scale blocks along dim:
+        # there this box packed at 11% (37% with the one below).
+        extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": D}
+        blocks = {axis: 1 for axis in extents}
+        dim_run = min(block_dim, 64)
+        budget = 4096 // dim_run
+        for axis in reversed(spec.payload.axes):
+            if axis == "dim":
+                blocks["dim"] = min(block_dim, dim_run * budget)
+                budget = max(1, budget * dim_run // blocks["dim"])
+            else:
+                blocks[axis] = min(next_pow2(extents[axis]), budget)
+                budget = max(1, budget // blocks[axis])
+        block_peer, block_batch, block_head, block_dim = blocks["peer"], blocks["batch"], blocks["head"], blocks["dim"]
     elif innermost in ("peer", "head"):
         block_batch = 1
         block_peer = next_pow2(N) if innermost == "peer" else 1
@@ -108,11 +127,22 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
     at B = 8; with N = 2 the same small tile starves each program (H = 16, B = 1024: 11.4 µs against
     sglang's 7.8 µs with 512-element programs), hence the growth with 2048 / N.
     """
-    if spec.payload.axes[-1] == "batch":
-        # Loads coalesce along batch: a run of rows, a narrow dim block.
-        block_batch, block_head, block_dim = min(next_pow2(B), 32), 1, min(next_pow2(D), 32)
-        return CombineConfig(block_batch=block_batch, block_head=block_head, block_dim=block_dim, num_warps=1)
     heads, dims = next_pow2(heads_per_peer), next_pow2(D)
+    if spec.payload.axes[-1] == "batch":
+        # Loads coalesce along batch: a run of rows, a narrow dim block.  For a wire in `out`'s dtype, the
+        # tuner's pick for bf16 [head, dim, peer, batch] at N 8, B 1024, H 128, D 512 on the H200: 16 x 32 x
+        # 4 warps, 44% of the copy ceiling untuned (30% with 32 x 32 x 1 warp); on float32 and fp8 wires it
+        # lost 4-6 points to that one (bench_unseen_specs.py), which they keep.
+        if spec.payload.dtype == PayloadDtype.INPUT:
+            return CombineConfig(block_batch=min(next_pow2(B), 16), block_head=1, block_dim=min(dims, 32), num_warps=4)
+        return CombineConfig(block_batch=min(next_pow2(B), 32), block_head=1, block_dim=min(dims, 32), num_warps=1)
+    if spec.payload.axes[-1] == "head":
+        # Loads coalesce along head: a run of heads per row, a few rows, a narrow dim block.  Near the tuner's
+        # picks on the H200 at N 8, B 1024, H 128, D 512: bf16 [peer, batch, dim, head] 4 x 16 x 32, 2 warps,
+        # 41.3 µs (2 heads x 128 took 88.6); float32 [batch, peer, dim, head] 2 x 16 x 32, 1 warp, 70.2 (90.8).
+        block_batch, block_head, block_dim = min(next_pow2(B), 4), min(heads, 16), min(dims, 32)
+        warps = max(1, min(8, block_batch * block_head * block_dim // 1024))
+        return CombineConfig(block_batch=block_batch, block_head=block_head, block_dim=block_dim, num_warps=warps)
     block_head, block_dim = min(2, heads), min(128, dims)
 
     def programs() -> int:

@@ -44,17 +44,35 @@ KERNEL_SIDES: dict[str, tuple[str, str]] = {
 SPLIT_AXIS: dict[str, str] = {"local": "head", "attention": "seq"}
 
 
-def tile_axes(spec: UlyssesSpec, kernel: str) -> list[str]:
-    """The axes of a kernel's boxes: its destination's, outer to inner, a user side's split axis preceded by
-    `peer` (the peer index is the outer part of it)."""
-    destination = KERNEL_SIDES[kernel][1]
-    if destination == "wire":
+def side_axes(spec: UlyssesSpec, kernel: str, side: str) -> list[str]:
+    """The axes of one side of a kernel (`side` "local", "attention" or "wire"), outer to inner, a user
+    side's split axis preceded by `peer` (the peer index is the outer part of it), the wire's `tensor` left
+    out (each tensor is copied on its own)."""
+    if side == "wire":
         return [axis for axis in spec.direction(KERNEL_DIRECTION[kernel]).wire if axis != "tensor"]
-    split = SPLIT_AXIS[destination]
+    split = SPLIT_AXIS[side]
     axes: list[str] = []
-    for axis in spec.local if destination == "local" else spec.attention:
+    for axis in spec.local if side == "local" else spec.attention:
         axes += ["peer", axis] if axis == split else [axis]
     return axes
+
+
+def tile_axes(spec: UlyssesSpec, kernel: str) -> list[str]:
+    """The axes of a kernel's boxes: its destination's (see `side_axes`)."""
+    return side_axes(spec, kernel, KERNEL_SIDES[kernel][1])
+
+
+def source_innermost(spec: UlyssesSpec, kernel: str) -> str:
+    """The axis a kernel's source is contiguous along (its loads coalesce along it)."""
+    return side_axes(spec, kernel, KERNEL_SIDES[kernel][0])[-1]
+
+
+def source_run(spec: UlyssesSpec, kernel: str) -> list[str]:
+    """The source's innermost axes that are contiguous together, outer to inner: its innermost axis, with
+    `peer` before it when that axis is a user side's split one (a shard's heads of all peers follow one
+    another: local [..., head] is contiguous along peer x head)."""
+    axes = side_axes(spec, kernel, KERNEL_SIDES[kernel][0])
+    return axes[-2:] if len(axes) > 1 and axes[-2] == "peer" and KERNEL_SIDES[kernel][0] != "wire" else axes[-1:]
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,11 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         "rank": rank,
         "block_count": {axis: block_count(axis, _TILE_EXTENT[axis]) for axis in tile_axes if axis != "seq"},
         "mask": wrap_terms([f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes], 4, " & "),
+        # seq contiguous on one side: boxes of whole rows are copied without the run-time bound on seq.
+        "seq_innermost": "seq" in (tile_axes[-1], layout.source_innermost(spec, kernel)),
+        "whole_rows_mask": wrap_terms(
+            [f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes if axis != "seq"], 8, " & "
+        ),
         "source_offset": wrap_terms(source_terms, 4),
         "destination_offset": wrap_terms(destination_terms, 4),
         "groups": [

@@ -72,6 +72,29 @@ def test_sizes_and_default_configs() -> None:
     assert (tiny.block_peer, tiny.block_dim, tiny.num_warps) == (8, 4, 1)  # one program moves everything
 
 
+def test_a_transposing_default_box_takes_a_run_along_the_source() -> None:
+    """Where the source's contiguous axis is not the destination's innermost, the default box takes 128
+    bytes along it first, and grows it with what is left when the destination's order reaches it."""
+    from layoutgen.ulysses.config import default_config
+
+    extents = {"peer": 4, "batch": 1, "seq": 4096, "head": 8, "dim": 128}
+    # wire [peer, head, dim, seq] -> local [seq, dim, (peer, head)]: loads along seq, stores along head.
+    box = default_config("gather_out", ["seq", "dim", "peer", "head"], extents, 2, source_run=["seq"])
+    assert (box.block_head, box.block_peer, box.block_seq) == (8, 4, 64)
+    assert box.block_seq * box.block_dim * box.block_peer * box.block_head == 4096
+    # local [dim, head, seq] -> wire [peer, dim, seq, head]: seq, reached second, grows past its run.
+    grown = default_config("scatter", ["peer", "dim", "seq", "head"], extents, 2, source_run=["seq"])
+    assert (grown.block_head, grown.block_seq, grown.block_dim) == (8, 512, 1)
+    # local [seq, dim, (peer, head)] -> wire [peer, dim, head, seq]: a shard's heads of all peers follow one
+    # another, and with 8 heads per peer the run of 128 bytes takes the box across peers too.
+    wide = default_config("scatter", ["peer", "dim", "head", "seq"], extents, 2, source_run=["peer", "head"])
+    assert (wide.block_head, wide.block_peer) == (8, 4)
+    # Not a transpose: the box is the one grown from the destination's innermost axis alone.
+    plain = default_config("scatter", ["peer", "seq", "head", "dim"], extents, 2, source_run=["dim"])
+    assert plain == default_config("scatter", ["peer", "seq", "head", "dim"], extents, 2)
+    assert (plain.block_dim, plain.block_head, plain.block_seq) == (128, 8, 4)
+
+
 @requires_interpreter
 def test_the_gate_passes_the_kernels_and_catches_a_wrong_one(monkeypatch: pytest.MonkeyPatch) -> None:
     module = generated_module("yunchang_ulysses")

@@ -1,0 +1,55 @@
+"""benchmarks/bench_unseen_specs.py: its sampler draws valid specs of every kind, and its CPU smoke run checks,
+times and reports every kernel of them (under the interpreter; the times mean nothing there)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import bench_unseen_specs
+
+from layoutgen.spec import parse_spec
+
+
+def test_the_default_sample_parses_and_covers_both_placements_and_transposing_layouts() -> None:
+    sample = bench_unseen_specs.sample_specs(12, 8, seed=0)
+    dcp = [spec for _, spec in sample if spec.family == "dcp"]
+    ulysses = [spec for _, spec in sample if spec.family == "ulysses"]
+    assert len(dcp) == 12 and len(ulysses) == 8
+    for data, spec in sample:
+        assert parse_spec(data, source=data["name"]) == spec
+    assert len({spec.name for _, spec in sample}) == len(sample)
+    assert {spec.stats.placement.value for spec in dcp} == {"row_tail", "separate"}
+    assert any(spec.row_tail and spec.payload.axes[-1] == "batch" for spec in dcp)  # sglang's NPU rows
+    assert any(bench_unseen_specs.dcp_transposing(spec) for spec in dcp)
+    assert any(
+        bench_unseen_specs.ulysses_transposing(*bench_unseen_specs.ulysses_orders(spec, kernel))
+        for spec in ulysses
+        for kernel in bench_unseen_specs.ULYSSES_KERNELS
+    )
+    assert {spec.to_attention.shared for spec in ulysses} == {True, False}
+    assert bench_unseen_specs.sample_specs(12, 8, seed=0) == sample  # seeded: the same sample every run
+
+
+def test_the_smoke_run_checks_times_and_reports_every_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # what --interpret sets, put back after the test
+    assert bench_unseen_specs.main(["--interpret", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "bench_unseen_specs_cpu-interpreter.json").read_text())
+    kernels = {"dcp": bench_unseen_specs.DCP_KERNELS, "ulysses": bench_unseen_specs.ULYSSES_KERNELS}
+    assert [entry["family"] for entry in results["specs"]] == ["dcp", "dcp", "ulysses", "ulysses"]
+    expected = [(entry["index"], kernel) for entry in results["specs"] for kernel in kernels[entry["family"]]]
+    assert [(row["spec"], row["kernel"]) for row in results["rows"]] == expected
+    for row in results["rows"]:
+        assert "error" not in row, row
+        assert row["us"] > 0 and row["copy_us"] > 0 and row["of_copy"] > 0 and row["bytes"] > 0
+    assert {(line["family"], line["kernel"]) for line in results["summary"]} == {
+        (family, kernel) for family, names in kernels.items() for kernel in names
+    }
+    table = (tmp_path / "bench_unseen_specs_cpu-interpreter.md").read_text()
+    assert "| # | layout | kernel | µs | TB/s | copy µs | % of copy | transposing |" in table
+    assert "* dcp pack:" in table and "* ulysses gather_out:" in table
