@@ -132,6 +132,34 @@ def test_small_blocks_take_every_branch_of_the_program_decomposition(name: str, 
     round_trip_holds(module, run_pass(module, tiny, generator, tiny_configs(), fresh=False))
 
 
+#: seq innermost on the local side, the attention side and a wire: the kernels that copy whole rows without
+#: the bound on seq (and their last, partial seq block with it).
+SEQ_INNERMOST = {
+    "family": "ulysses",
+    "name": "seq_innermost",
+    "summary": "seq innermost on every side",
+    "transport": "all_to_all_single",
+    "local": ["head", "dim", "seq"],
+    "attention": ["dim", "head", "seq"],
+    "to_attention": {"tensors": [{"name": "q", "heads": "H"}, {"name": "k", "heads": "H_kv"}],
+                     "wire": ["peer", "dim", "head", "seq"]},
+    "from_attention": {"tensors": [{"name": "out", "heads": "H"}], "wire": ["peer", "head", "seq", "dim"]},
+}  # fmt: skip
+
+
+def test_whole_seq_rows_and_the_partial_last_block_are_byte_exact(generator: torch.Generator) -> None:
+    """Where seq is innermost on a side, a box of whole rows is copied without the bound on seq: S_local 7 in
+    blocks of 2 (three whole blocks and a partial one per peer), 4 (one of each) and 8 (only a partial one)."""
+    with tempfile.TemporaryDirectory() as directory:
+        module = random_module(SEQ_INNERMOST, Path(directory))
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        assert source.count("if (seq_block + 1) * BLOCK_SEQ <= seq_len") == 4  # every kernel has seq innermost
+        shape = make_shape(module.SPEC, N=2, S_local=7, heads=3, kv_heads=1, D=5, B=1)
+        for block_seq in (2, 4, 8):
+            configs = tiny_configs(block_peer=2, block_seq=block_seq, block_head=2, block_dim=4)
+            round_trip_holds(module, run_pass(module, shape, generator, configs, "wide", fresh=False))
+
+
 def test_programs_walk_one_tensor_after_another_unless_the_wire_interleaves_them() -> None:
     """With the q, k, v boxes of each seq block in turn a scatter wrote three regions at once (deepspeed_ulysses
     scatter N 4, S_local 4096 on the H200: 53.49 against 50.04 µs tensor-major)."""
