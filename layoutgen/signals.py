@@ -47,6 +47,34 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def interrupted_once() -> Iterator[None]:
+    """Within the block, the first SIGINT or SIGTERM raises KeyboardInterrupt in the main thread (deferred out
+    of an import, like the CLI's handler), and every later one is ignored, so the cleanup it starts (trials
+    marked interrupted in the study storage) is not cut short: a tuning worker can get the terminal's Ctrl-C
+    and the one its parent forwards."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        if inside_import(frame):
+            deliver_again_soon(signum)
+            return
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _terminated["by_sigterm"] = signum == signal.SIGTERM
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        cancel_redeliveries()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def swallowed_interrupt_hook(stopped: dict[str, int | None], report: Callable[[Any], object]) -> Callable[[Any], None]:
     """A `sys.unraisablehook` for a run whose signal handler records the signal in `stopped`.  A signal that
     lands while CPython runs a callback it cannot raise from (importlib's module-lock weakref callback in the

@@ -224,3 +224,65 @@ def test_a_report_never_replaces_the_database_or_the_journal(
     code, _, err = run_main([*args, "--report", str(report)], capsys, monkeypatch)
     assert_one_line_error(code, err, f"--report {report}", "markdown file")
     assert not report.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# tune --workers K: a signal to the parent alone reaches the workers
+# ---------------------------------------------------------------------------------------------
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(word) for word in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@requires_interpreter
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads the workers' pids from /proc (Linux)")
+def test_sigterm_to_the_tuner_alone_stops_its_workers(tmp_path: Path) -> None:
+    """`kill PID` (or a job limit signalling the main process only) reached the parent of `--workers 2`, which
+    then waited while its workers tuned on; now it passes the signal on, and each worker marks its trials
+    interrupted and exits (a second signal, the terminal's Ctrl-C and the parent's, is ignored)."""
+    import signal
+    import time
+
+    import optuna
+    from test_hardening_round2 import _default_stop_signals, child_env
+
+    journal = tmp_path / "studies.journal"
+    command = [sys.executable, "-m", "layoutgen.cli", "tune", "--interpret", "--spec", "pynccl_a2a", "--kernel",
+               "pack", "--shape", "N=2", "--shape", "H=4", "--shape", "D=8", "--bucket", "3", "5", "6", "7", "9",
+               "10", "--trials", "12", "--workers", "2", "--storage", str(journal), "--db", str(tmp_path / "db")]  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_default_stop_signals,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            workers = _children(process.pid)
+            if len(workers) == 2 and journal.exists() and b'"measured"' in journal.read_bytes():
+                break
+            time.sleep(0.1)
+        assert process.poll() is None and len(workers) == 2, "the run ended before its workers measured"
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143 and err.strip().splitlines()[-1].startswith("terminated"), err
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers), "a worker tuned on after its parent was terminated"
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    studies = optuna.get_all_study_summaries(storage)
+    # (A trial asked for in the instant the signal landed can stay RUNNING: the next run marks it interrupted,
+    # as after a Ctrl-C.)
+    finals = [optuna.load_study(study_name=s.study_name, storage=storage).user_attrs.get("final") for s in studies]
+    assert not all(finals), "every study was decided: the workers were not stopped"

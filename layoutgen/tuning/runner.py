@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from layoutgen.files import replace_atomically
-from layoutgen.signals import sigterm_interrupts
+from layoutgen.signals import sigterm_interrupts, terminated_by_sigterm
 from layoutgen.tuning.plan import (
     TuneOptions,
     database_entries,
@@ -263,7 +264,13 @@ def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter:
             pending = _poll(storage, pending, reporter)
             time.sleep(POLL_INTERVAL_S)
     except KeyboardInterrupt:
-        # The workers got the same SIGINT; give them time to mark their trials interrupted.
+        # Pass the signal on: a Ctrl-C at a terminal reached the workers too (they ignore a second one), but a
+        # SIGTERM or SIGINT sent to this process alone did not.  Then give them time to mark their trials
+        # interrupted.
+        signum = signal.SIGTERM if terminated_by_sigterm() else signal.SIGINT
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signum)
         for process in processes:
             try:
                 process.wait(timeout=30)

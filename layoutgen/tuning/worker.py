@@ -76,13 +76,13 @@ def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, stor
 
 def worker_main(argv: list[str]) -> int:
     """Entry of a worker process: `python -m layoutgen.tuning.worker INDEX OPTIONS_JSON`."""
-    from layoutgen.signals import sigterm_interrupts
+    from layoutgen.signals import interrupted_once
 
     index, options = int(argv[0]), TuneOptions.from_json(argv[1])
     if options.interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
-        with sigterm_interrupts():
+        with interrupted_once():
             gate_failures = run_worker(options, index, QuietReporter())
     except KeyboardInterrupt:
         return 130
