@@ -535,6 +535,27 @@ def test_dry_run_prints_the_plan_without_tuning(tmp_path: Path) -> None:
     assert not (tmp_path / "cache" / "tuning").exists()  # no study storage was created
 
 
+@requires_interpreter
+def test_dry_run_marks_the_studies_the_database_decides(tmp_path: Path) -> None:
+    """A dry run plans what a run would tune: studies the database holds a current decision for are shown
+    decided, not counted (they were planned again, as if nothing were tuned)."""
+    from typer.testing import CliRunner
+
+    from layoutgen.cli import app
+    from layoutgen.cli.common import expand_arguments
+
+    options = tiny_options(tmp_path)
+    run_tune(options)
+    command = ["tune", "--dry-run", "--interpret", "--spec", "pynccl_a2a", "--kernel", "pack", "--shape", "N=2",
+               "--shape", "H=4", "--shape", "D=8", "--bucket", "1", "3", "5", "--trials", "4", "--db", options.db_dir]  # fmt: skip
+    result = CliRunner().invoke(app, expand_arguments(command))
+    assert result.exit_code == 0, result.output
+    assert "B=1: decided" in result.output and "B=3: decided" in result.output and "B=5: tpe 4/15" in result.output
+    assert "1 studies, 4 measured trials planned, 2 decided" in result.output
+    retune = CliRunner().invoke(app, expand_arguments([*command, "--retune"]))
+    assert "3 studies" in retune.output and "decided" not in retune.output
+
+
 def test_list_options_take_several_values_after_one_flag() -> None:
     from layoutgen.cli.common import expand_arguments
 

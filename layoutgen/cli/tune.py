@@ -7,7 +7,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -243,26 +243,57 @@ def tune(
 def _print_plan(options: object) -> None:
     """A line per compiled family, then its studies as aligned cells, as many to a line as fit the console
     (80 columns through a pipe): nothing wraps or is cut, and `| head` shows whole lines."""
-    from layoutgen.tuning.plan import TuneOptions, make_targets, search_plan, target_buckets
+    from layoutgen.tuning.plan import TuneOptions, make_targets, search_plan, study_name, target_buckets
 
     if not isinstance(options, TuneOptions):
         raise TypeError(f"expected TuneOptions, got {type(options).__name__}")
+    targets = make_targets(options)
+    device_name, skipped = _decided_studies(options, targets)
     studies = trials = 0
-    for target in make_targets(options):
+    for target in targets:
         say(target.problem.label, "bold", wrap=False)
         cells = []
         for bucket in target_buckets(options, target):
+            name = f"{target.problem.family.bucket.name}={bucket}"
+            if device_name is not None and study_name(device_name, target, bucket) in skipped:
+                cells.append(f"{name}: decided")
+                continue
             planned = search_plan(target.problem, bucket, options)
             studies += 1
             trials += planned.budget
             mode = "ex" if planned.mode == "exhaustive" else "tpe"
-            cells.append(f"{target.problem.family.bucket.name}={bucket}: {mode} {planned.budget}/{planned.space_size}")
+            cells.append(f"{name}: {mode} {planned.budget}/{planned.space_size}")
         width = max(len(cell) for cell in cells) if cells else 0
         per_line = max(1, (console.width - 2 + 3) // (width + 3))
         for start in range(0, len(cells), per_line):
             say("  " + "   ".join(cell.ljust(width) for cell in cells[start : start + per_line]).rstrip(), wrap=False)
-    say(f"{studies} studies, {trials} measured trials planned")
+    say(f"{studies} studies, {trials} measured trials planned" + (f", {len(skipped)} decided" if skipped else ""))
     say("(ex: exhaustive, tpe: Optuna TPE; trials planned / feasible points)")
+    if device_name is None:
+        say("(no GPU here: what the database decides was not read; a run skips it)")
+    elif skipped:
+        say("(decided: the database holds a current decision; skipped unless --retune)")
+
+
+def _decided_studies(options: Any, targets: list[Any]) -> tuple[str | None, set[str]]:
+    """(device name, the studies whose current decision `--db` holds: a run skips them), as the run decides
+    it; (None, empty) where no device can be named (a dry run on a machine without a GPU) or with --retune."""
+    from layoutgen.tuning.context import device_identity
+    from layoutgen.tuning.plan import database_entries
+    from layoutgen.tuning.runner import held_decisions
+    from layoutgen.tuning_db import DatabaseError
+
+    try:
+        device_name, _ = device_identity(options)
+    except RuntimeError:
+        return None, set()
+    if options.retune or options.db_dir is None:
+        return device_name, set()
+    try:
+        held = database_entries(options.db_dir, device_name, targets, options)
+    except DatabaseError as error:
+        raise bad_input(str(error)) from None
+    return device_name, set(held_decisions(held, options)[0])
 
 
 def _exit_resumable() -> NoReturn:

@@ -81,6 +81,25 @@ def device_l2(options: TuneOptions) -> int:
     return device_l2_bytes(torch.cuda.current_device())
 
 
+def held_decisions(held: dict[str, Any], options: TuneOptions) -> tuple[list[str], int, int]:
+    """Of the database's entries for a run's studies (`plan.database_entries`): the names of the studies they
+    decide (sorted: the run skips them), how many were tuned under other conditions (tuned again), and how
+    many were decided on fewer trials than the run asks for (searched further, resumed where the study
+    storage still holds them)."""
+    l2_bytes = device_l2(options)
+    current: list[str] = []
+    retimed = searched_less = 0
+    for name, (target, bucket, entry) in held.items():
+        if not decided(entry, target, bucket, l2_bytes):
+            if (entry.spec_hash, entry.source_hash) == (target.spec_hash, target.source_hash):
+                retimed += 1  # the same kernel, timed or searched under other conditions
+        elif entry.trials < search_plan(target.problem, bucket, options).budget:
+            searched_less += 1  # a --time-budget that ran out, or a smaller --trials
+        else:
+            current.append(name)
+    return sorted(current), retimed, searched_less
+
+
 def check_report_path(report: Path) -> None:
     """Refuse a `--report` path that cannot be written before the search, not after it (ValueError): the
     report's directory is created (it stays, for the report) and a temporary file is created beside it."""
@@ -130,20 +149,7 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     total = sum(len(buckets_of(target)) for target in targets)
     held = database_entries(options.db_dir, device_name, targets, options) if options.db_dir is not None else {}
     if not options.retune:
-        l2_bytes = device_l2(options)
-        current: list[str] = []
-        retimed = searched_less = 0
-        for name, (target, bucket, entry) in held.items():
-            if not decided(entry, target, bucket, l2_bytes):
-                if (entry.spec_hash, entry.source_hash) == (target.spec_hash, target.source_hash):
-                    retimed += 1  # the same kernel, timed or searched under other conditions
-            elif entry.trials < search_plan(target.problem, bucket, options).budget:
-                # Decided on fewer trials than this run asks for: a --time-budget that ran out, or a smaller
-                # --trials.  It is searched further (resumed, where the study storage still holds it).
-                searched_less += 1
-            else:
-                current.append(name)
-        current.sort()
+        current, retimed, searched_less = held_decisions(held, options)
         if current:
             options = dataclasses.replace(options, skip=tuple(current))
             console.print(
