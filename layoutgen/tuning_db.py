@@ -377,6 +377,11 @@ def record(
     with FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S):
         if os.path.lexists(path):
             existing = read_database(path)
+            if existing.device_name != device_name:
+                raise DatabaseError(
+                    f"tuning database {path} holds device_name {existing.device_name!r}, not {device_name!r} "
+                    "(`layoutgen db check` calls such a file invalid); correct its device_name or move it away"
+                )
             if existing.compute_capability != compute_capability:
                 raise DatabaseError(
                     f"tuning database {path} is for compute capability {existing.compute_capability}, "

@@ -196,6 +196,19 @@ def test_record_refuses_another_compute_capability(tmp_path: Path) -> None:
         record(tmp_path, DEVICE, "10.0", [make_entry(make_key(8))], VERSIONS)
 
 
+def test_record_refuses_a_file_of_another_device_name(tmp_path: Path) -> None:
+    """A file whose device_name is not its own (hand-copied from another GPU's) is refused, not relabelled:
+    `db check` calls it invalid, and the entries it holds were measured on that other device."""
+    path = record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
+    data = json.loads(path.read_text())
+    data["device_name"] = "NVIDIA H100 80GB HBM3"
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    with pytest.raises(DatabaseError, match=r"holds device_name 'NVIDIA H100 80GB HBM3', not"):
+        record(tmp_path, DEVICE, "9.0", [make_entry(make_key(8))], VERSIONS)
+    assert path.read_bytes() == before
+
+
 def test_failed_replace_leaves_the_old_file_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = record(tmp_path, DEVICE, "9.0", [make_entry()], VERSIONS)
     before = path.read_text()
