@@ -880,3 +880,26 @@ def test_a_combine_workload_that_fits_in_the_l2_is_timed_resident_first(tmp_path
     assert DcpWorkload(combine_target, 3, torch.device("cpu"), l2_bytes=1 << 20).states == (1, MAX_ROTATING_SETS)
     assert DcpWorkload(pack_target, 3, torch.device("cpu"), l2_bytes=1 << 20).states == (MAX_ROTATING_SETS,)
     assert DcpWorkload(combine_target, 3, torch.device("cpu"), l2_bytes=0).states == (1,)  # the interpreter
+
+
+@requires_interpreter
+def test_the_dispatch_hint_names_the_directory_given_for_a_linked_database(tmp_path: Path) -> None:
+    """A database linked into --db receives the decisions itself; the hint names --db (read through the
+    link), not the target's directory, where no file of that name need exist."""
+    from typer.testing import CliRunner
+
+    from layoutgen.cli import app
+    from layoutgen.cli.common import expand_arguments
+
+    shared = tmp_path / "shared" / "team.json"
+    record(tmp_path / "shared", CPU_INTERPRETER_DEVICE, "none", [])  # an existing database, renamed
+    (tmp_path / "shared" / device_file_name(CPU_INTERPRETER_DEVICE)).rename(shared)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / device_file_name(CPU_INTERPRETER_DEVICE)).symlink_to(shared)
+    command = ["tune", "--interpret", "--spec", "pynccl_a2a", "--kernel", "pack", "--shape", "N=2", "--shape", "H=4",
+               "--shape", "D=8", "--bucket", "1", "--db", str(mine), "--storage", str(tmp_path / "s.journal")]  # fmt: skip
+    result = CliRunner().invoke(app, expand_arguments(command))
+    assert result.exit_code == 0, result.output
+    assert f"LAYOUTGEN_TUNING_DB={mine}" in result.output.replace("\n", "")
+    assert read_database(shared).entries  # the link's target holds the decision

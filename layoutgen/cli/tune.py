@@ -221,7 +221,8 @@ def tune(
             decided = sum(1 for row in summary.rows if row.chosen)
             say(f"{decided} decision(s) recorded in {summary.db_path}", wrap=False)
             if interpret:
-                say(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={summary.db_path.parent}", wrap=False)
+                # The directory given, not the file's: a symlinked database is read through its link there.
+                say(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={Path(options.db_dir).absolute()}", wrap=False)
     except (ValueError, RuntimeError) as error:
         raise bad_input(str(error)) from None
     except KeyboardInterrupt:
