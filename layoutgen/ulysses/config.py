@@ -19,9 +19,10 @@ from layoutgen.ulysses.spec import UlyssesSpec
 
 #: Bytes one program moves by default: 4 warps, each thread four 16-byte vectors.
 DEFAULT_TILE_BYTES = 8192
-#: The run a transposing default box takes along the source's contiguous axis: 128 bytes, one full line per
+#: The run a transposing default box takes along the source's contiguous axes: 128 bytes, one full line per
 #: load.  Growing from the destination's innermost axis alone left it one element wide: the random specs of
-#: `bench_unseen_specs.py` whose innermost axis moves copied at 12-66% of the ceiling on the H200 (26-94% now).
+#: `bench_unseen_specs.py` whose innermost axis moves copied at 12-66% of the ceiling on the H200, 42-95% with
+#: this run and the whole-row copies (notes_H200.md, eighth pass).
 TRANSPOSE_RUN_BYTES = 128
 #: CUDA's grid limits: x, then y (the kernels put the axes outside seq along y).
 MAX_GRID_X = 2**31 - 1
