@@ -222,7 +222,7 @@ def tune(
             say(f"{decided} decision(s) recorded in {summary.db_path}", wrap=False)
             if interpret:
                 # The directory given, not the file's: a symlinked database is read through its link there.
-                say(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={Path(options.db_dir).absolute()}", wrap=False)
+                say(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={Path(db_dir).absolute()}", wrap=False)
     except (ValueError, RuntimeError) as error:
         raise bad_input(str(error)) from None
     except KeyboardInterrupt:
