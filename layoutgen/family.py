@@ -272,13 +272,15 @@ class Family(ABC):
 @dataclass(frozen=True)
 class SpaceExtents:
     """A problem as the shared pruning rules see it: the extent of every tiled axis at the bucket, the
-    destination's innermost axis (stores coalesce along it), the bytes of one element moved, and how many
-    source elements each destination element loads (N for a merge of N partials, 1 for a copy)."""
+    destination's innermost axis (stores coalesce along it), the bytes of one element moved, how many
+    source elements each destination element loads (N for a merge of N partials, 1 for a copy), and the
+    smallest block the kernel accepts along an axis (an fp8 pack's dim block holds whole scale blocks)."""
 
     extents: Mapping[str, int]
     innermost: str
     elem_bytes: int
     loads_per_element: int = 1
+    floors: Mapping[str, int] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------------------

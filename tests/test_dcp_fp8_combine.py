@@ -207,6 +207,33 @@ def test_the_gate_catches_a_wrong_scale(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.parametrize("block", [None, 32, 128])
+@pytest.mark.parametrize("innermost", ["dim", "head", "batch"])
+def test_the_tuners_space_holds_only_configs_the_fp8_launcher_accepts(block: int | None, innermost: str) -> None:
+    """The pack's space starts its dim block at the scale block: below it the launcher refuses the config
+    (263 of the 273 configs of a block-D spec's space at N 8, H 128, D 512 were such failed launches)."""
+    from layoutgen.dcp.config import check_pack_tile
+    from layoutgen.tuning.problem import Problem
+    from layoutgen.tuning.space import bind
+
+    axes = {"dim": ["peer", "head", "batch", "dim"], "head": ["batch", "dim", "peer", "head"]}.get(
+        innermost, ["peer", "head", "dim", "batch"]
+    )
+    payload: dict[str, Any] = {"axes": axes, "dtype": "float8_e4m3fn", **({"scale_block": block} if block else {})}
+    spec = make_spec(
+        name="space_fp8",
+        transport="all_to_all_single" if axes[0] == "peer" else "external",
+        payload=payload,
+        stats={"placement": "separate", "axes": ["peer", "batch", "head", "slot"]},
+    )
+    for D in (128, 512):
+        space = bind(Problem(spec, "pack", (("N", 8), ("Hl", 16), ("D", D)), "bfloat16"), 1024)
+        feasible = space.feasible()
+        assert feasible and min(config.block_dim for config in feasible) == fp8_min_block_dim(spec, D)
+        for config in feasible:
+            check_pack_tile(spec, D, config)  # raises for a config the launcher would refuse
+
+
+@pytest.mark.parametrize("block", [None, 32, 128])
 @pytest.mark.parametrize("innermost", ["dim", "batch"])
 def test_default_pack_configs_cover_whole_scale_blocks(block: int | None, innermost: str) -> None:
     axes = ["peer", "head", "batch", "dim"] if innermost == "dim" else ["peer", "head", "dim", "batch"]

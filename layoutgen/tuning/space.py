@@ -147,6 +147,7 @@ def bind(problem: Problem, bucket: int) -> BoundSpace:
         cap = cap if cap is not None else space.caps.get(axis)
         high = next_pow2(sizes[axis]) if cap is None else min(next_pow2(sizes[axis]), cap)
         low = min(high, max(1, space.sector_bytes // extents.elem_bytes)) if axis == innermost else 1
+        low = min(high, max(low, next_pow2(extents.floors.get(axis, 1))))  # below it the launcher refuses
         choices[name] = tuple(1 << k for k in range(_log2(low), _log2(high) + 1))
     choices["num_warps"] = tuple(space.num_warps)
     choices["num_stages"] = tuple(space.num_stages)
