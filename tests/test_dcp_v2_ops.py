@@ -229,7 +229,9 @@ def test_default_configs_of_head_and_peer_innermost_layouts_take_whole_runs() ->
     batch_inner = _with_payload_axes("pynccl_a2a", ("head", "dim", "peer", "batch"))
     combine = default_combine_config(batch_inner, 8, 16, 512, 1024, 2)
     assert (combine.block_batch, combine.block_head, combine.block_dim, combine.num_warps) == (16, 1, 32, 4)
-    wide = batch_inner.model_copy(update={"payload": batch_inner.payload.model_copy(update={"dtype": PayloadDtype.FLOAT32})})
+    wide = batch_inner.model_copy(
+        update={"payload": batch_inner.payload.model_copy(update={"dtype": PayloadDtype.FLOAT32})}
+    )
     combine = default_combine_config(wide, 8, 16, 512, 1024, 2)  # a float32 wire keeps 32 rows x 32 x 1 warp
     assert (combine.block_batch, combine.block_dim, combine.num_warps) == (32, 32, 1)
     # An fp8 wire keeps its box (whole scale blocks along dim): the grown one packed at 11% there.
