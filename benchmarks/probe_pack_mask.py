@@ -86,6 +86,20 @@ def measure(bench: Any, module: Any, N: int, B: int, H: int, D: int, empty_every
     return row
 
 
+def write_rows(out: Path, rows: list[dict[str, Any]], **fields: Any) -> None:
+    """The probe's JSON (date, environment, `fields`, the rows so far), rewritten after every point."""
+    from bench_dcp_v2 import environment
+
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "environment": environment(),
+        **fields,
+        "rows": rows,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
 def measure_compare(bench: Any, module: Any, other: Any, label: str, N: int, B: int, H: int, D: int) -> dict[str, Any]:
     """`module`'s unmasked and masked packs and `other`'s masked pack (every 4th request empty), interleaved
     in one config (see the module docstring), each checked byte for byte first."""
@@ -118,7 +132,7 @@ def measure_compare(bench: Any, module: Any, other: Any, label: str, N: int, B: 
 
 
 def compare_main(bench: Any, args: Any, points: list[Any]) -> int:
-    from bench_dcp_v2 import HELIX_SPECS, LSE_SPECS, environment
+    from bench_dcp_v2 import HELIX_SPECS, LSE_SPECS
 
     from layoutgen.loader import load_path
 
@@ -135,14 +149,7 @@ def compare_main(bench: Any, args: Any, points: list[Any]) -> int:
             ratios = "  ".join(f"{key} {ratio:.3f}" for key, ratio in row["over_unmasked"].items())
             print(f"{name} N={point[0]} B={point[1]} H={point[2]} D={point[3]} bb={row['block_batch']} "
                   f"({row['config']}): unmasked {row['us']['unmasked']:.2f} us  {ratios}", flush=True)  # fmt: skip
-            result = {
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "environment": environment(),
-                "compare": label,
-                "rows": rows,
-            }
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            write_rows(args.out, rows, compare=label)
     for key in ("masked", label):
         ratios = [row["over_unmasked"][key] for row in rows]
         print(f"{key}: worst {max(ratios):.3f}, above 1.03 at {sum(r > 1.03 for r in ratios)} of {len(ratios)}")
@@ -185,7 +192,7 @@ def search_masked(
 
 
 def main() -> int:
-    from bench_dcp_v2 import HELIX_SPECS, LSE_SPECS, Bench, environment, grid
+    from bench_dcp_v2 import HELIX_SPECS, LSE_SPECS, Bench, grid
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write (after every point)")
@@ -223,14 +230,7 @@ def main() -> int:
                     f"unmasked {row['us']['unmasked']:.2f} us  {ratios}",
                     flush=True,
                 )
-                result = {
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "environment": environment(),
-                    "threshold_bytes": module._SKIP_EMPTY_READS_BYTES,
-                    "rows": rows,
-                }
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+                write_rows(args.out, rows, threshold_bytes=module._SKIP_EMPTY_READS_BYTES)
     for label in FORMS:
         ratios = [row["over_unmasked"][label] for row in rows]
         print(f"{label}: worst {max(ratios):.3f}, above 1.03 at {sum(r > 1.03 for r in ratios)} of {len(ratios)}")
@@ -238,7 +238,7 @@ def main() -> int:
 
 
 def space_main(bench: Any, args: Any, points: list[Any]) -> int:
-    from bench_dcp_v2 import HELIX_SPECS, LSE_SPECS, environment
+    from bench_dcp_v2 import HELIX_SPECS, LSE_SPECS
 
     from layoutgen.tuning.compile import CompilePool, default_compile_workers
 
@@ -253,14 +253,7 @@ def space_main(bench: Any, args: Any, points: list[Any]) -> int:
             rows.append(row)
             ratios = "  ".join(f"{label} {ratio:.3f}" for label, ratio in row["over_unmasked"].items())
             print(f"{name} {point} ({row['configs']} configs): {ratios}", flush=True)
-            result = {
-                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "environment": environment(),
-                "space": True,
-                "rows": rows,
-            }
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            write_rows(args.out, rows, space=True)
     pool.close()
     return 0
 

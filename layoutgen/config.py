@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -25,6 +26,24 @@ def is_pow2(value: int) -> bool:
 
 def next_pow2(value: int) -> int:
     return 1 << max(0, (int(value) - 1).bit_length())
+
+
+def grow_box(
+    order: Sequence[str], extents: Mapping[str, int], budget: int, floors: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Power-of-two blocks of a tile along `order` (outer to inner), grown from the innermost axis outward
+    until the tile holds `budget` elements, each block at most its axis's extent rounded up.  `floors` are
+    blocks taken first (a run along the source's contiguous axes, in a transpose): the budget shrinks by
+    them, and one grows further with what is left when the order reaches its axis."""
+    blocks = {axis: 1 for axis in order}
+    for axis, floor in (floors or {}).items():
+        blocks[axis] = floor
+        budget = max(1, budget // floor)
+    for axis in reversed(order):
+        held = blocks[axis]
+        blocks[axis] = min(next_pow2(extents[axis]), held * budget)
+        budget = max(1, budget * held // blocks[axis])
+    return blocks
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from layoutgen.config import LaunchConfig, next_pow2
+from layoutgen.config import LaunchConfig, grow_box, next_pow2
 from layoutgen.dcp.spec import DcpSpec, PayloadDtype
 
 
@@ -79,17 +79,8 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
         # bytes: payload [peer, batch, dim, head] packed at 61% of the copy ceiling, 93% now (H200,
         # bench_unseen_specs.py).  Not for an fp8 wire, whose programs take whole scale blocks along dim:
         # there this box packed at 11% (37% with the one below).
-        extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": D}
-        blocks = {axis: 1 for axis in extents}
-        dim_run = min(block_dim, 64)
-        budget = 4096 // dim_run
-        for axis in reversed(spec.payload.axes):
-            if axis == "dim":
-                blocks["dim"] = min(block_dim, dim_run * budget)
-                budget = max(1, budget * dim_run // blocks["dim"])
-            else:
-                blocks[axis] = min(next_pow2(extents[axis]), budget)
-                budget = max(1, budget // blocks[axis])
+        extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": block_dim}
+        blocks = grow_box(spec.payload.axes, extents, 4096, floors={"dim": min(block_dim, 64)})
         block_peer, block_batch, block_head, block_dim = blocks["peer"], blocks["batch"], blocks["head"], blocks["dim"]
     elif innermost in ("peer", "head"):
         block_batch = 1

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from layoutgen.config import LaunchConfig, next_pow2
+from layoutgen.config import LaunchConfig, grow_box, next_pow2
 from layoutgen.ulysses.layout import KERNEL_DIRECTION, Shape, source_run, tile_axes
 from layoutgen.ulysses.spec import UlyssesSpec
 
@@ -90,22 +90,14 @@ def default_config(
     along them, so that loads and stores both move whole runs (Triton converts the tile between the two
     orders through shared memory).
     """
-    budget = max(1, DEFAULT_TILE_BYTES // elem_size)
-    blocks = {axis: 1 for axis in ("peer", "batch", "seq", "head", "dim")}
-    reserved: set[str] = set()
+    floors: dict[str, int] = {}
     if source_run and source_run[-1] != tile_axes[-1]:
         run = max(1, TRANSPOSE_RUN_BYTES // elem_size)
         for axis in reversed(source_run):
-            blocks[axis] = min(next_pow2(extents[axis]), run)
-            run = max(1, run // blocks[axis])
-            budget = max(1, budget // blocks[axis])
-            reserved.add(axis)
-    for axis in reversed(tile_axes):
-        # A reserved run is a floor: reached in the destination's order, it grows with what is left.
-        held = blocks[axis] if axis in reserved else 1
-        block = min(next_pow2(extents[axis]), held * budget)
-        blocks[axis] = block
-        budget = max(1, budget * held // block)
+            floors[axis] = min(next_pow2(extents[axis]), run)
+            run = max(1, run // floors[axis])
+    grown = grow_box(tile_axes, extents, max(1, DEFAULT_TILE_BYTES // elem_size), floors)
+    blocks = {axis: grown.get(axis, 1) for axis in ("peer", "batch", "seq", "head", "dim")}
     tile_bytes = elem_size * blocks["peer"] * blocks["batch"] * blocks["seq"] * blocks["head"] * blocks["dim"]
     return CONFIG_TYPES[kernel](
         **{f"block_{axis}": block for axis, block in blocks.items()}, num_warps=_warps_for(tile_bytes)

@@ -62,11 +62,6 @@ def tile_axes(spec: UlyssesSpec, kernel: str) -> list[str]:
     return side_axes(spec, kernel, KERNEL_SIDES[kernel][1])
 
 
-def source_innermost(spec: UlyssesSpec, kernel: str) -> str:
-    """The axis a kernel's source is contiguous along (its loads coalesce along it)."""
-    return side_axes(spec, kernel, KERNEL_SIDES[kernel][0])[-1]
-
-
 def source_run(spec: UlyssesSpec, kernel: str) -> list[str]:
     """The source's innermost axes that are contiguous together, outer to inner: its innermost axis, with
     `peer` before it when that axis is a user side's split one (a shard's heads of all peers follow one

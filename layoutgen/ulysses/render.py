@@ -263,6 +263,7 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     source_desc, destination_desc = (wire_desc, user_desc) if source_side == "wire" else (user_desc, wire_desc)
     x_total = [counts[t.heads] for t in direction.tensors] if fused == "x" else (["tiles"] if inner_axes else [])
     y_total = [counts[t.heads] for t in direction.tensors] if fused == "y" else (["outer_tiles"] if outer_axes else [])
+    bounds = {axis: f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes}
     return {
         "name": kernel,
         "kernel_name": f"_{kernel}_kernel",
@@ -287,12 +288,10 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         "expand": broadcast_index(tile_axes),
         "rank": rank,
         "block_count": {axis: block_count(axis, _TILE_EXTENT[axis]) for axis in tile_axes if axis != "seq"},
-        "mask": wrap_terms([f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes], 4, " & "),
+        "mask": wrap_terms(list(bounds.values()), 4, " & "),
         # seq contiguous on one side: boxes of whole rows are copied without the run-time bound on seq.
-        "seq_innermost": "seq" in (tile_axes[-1], layout.source_innermost(spec, kernel)),
-        "whole_rows_mask": wrap_terms(
-            [f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes if axis != "seq"], 8, " & "
-        ),
+        "seq_innermost": "seq" in (tile_axes[-1], layout.source_run(spec, kernel)[-1]),
+        "whole_rows_mask": wrap_terms([bound for axis, bound in bounds.items() if axis != "seq"], 8, " & "),
         "source_offset": wrap_terms(source_terms, 4),
         "destination_offset": wrap_terms(destination_terms, 4),
         "groups": [
