@@ -55,6 +55,15 @@
 #   bash benchmarks/gpu_session.sh flag OUT      the contract-v2 GPU tests; the masked pack of generated/ against that of
 #                                               probe_rowflag/ (the specs rendered before a pack template change; the
 #                                               eighth pass: a scalar flag per tile, dropped), at B <= 8 and B 64
+#   bash benchmarks/gpu_session.sh chunks OUT    (ninth pass) the fp8 pack that walks scale blocks in chunks where the
+#                                               payload transposes: its GPU tests, the tuner on the two fp8 layouts of
+#                                               bench_unseen_specs.py it was written for, bench_unseen_specs.py's DCP half
+#   bash benchmarks/gpu_session.sh fp8tune OUT   the bundled fp8 packs over the DCP grid (their source hash changed with the
+#                                               chunked form: every entry is stale)
+#   bash benchmarks/gpu_session.sh chunkbench OUT bench_unseen_specs.py, bench_dcp_v2.py and the dispatch check with
+#                                               fp8tune's database and the chunked pack's new defaults
+#   bash benchmarks/gpu_session.sh fp8fill OUT    the vllm_a2a_fp8 studies fp8tune's limits cut (pack and combine at H 16 /
+#                                               D 512 and H 32 / D 128), bench_dcp_v2.py, the dispatch check
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -346,6 +355,46 @@ index64)
             --report "$out/tune_ulysses_${peers//[=,]/_}_${heads//=/_}.md" 2>&1 | tail -1
     done
     save_and_bench_ulysses 60 50
+    ;;
+chunks)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py -k "chunks or mla_width or (byte_exact_on_the_gpu and inner)" 2>&1 \
+        | tee "$out/gpu_tests_fp8.log" | tail -3
+    # bench_unseen_specs.py's seed-0 specs 1 ([batch, dim, peer, head], one scale per row) and 7 ([peer, head, dim,
+    # batch], blocks of 16), as spec files for the tuner, into a database of their own.
+    mkdir -p "$out/unseen_specs" "$out/unseen_db"
+    python3 -c "
+import sys, yaml
+sys.path.insert(0, 'benchmarks')
+from bench_unseen_specs import sample_specs
+specs = sample_specs(12, 0, 0)
+for index in (1, 7):
+    with open(f'$out/unseen_specs/unseen_dcp_{index:02d}.yaml', 'w') as handle:
+        yaml.safe_dump(specs[index][0], handle, sort_keys=False)"
+    timeout 150 python3 -m layoutgen.cli tune --spec "$out"/unseen_specs/*.yaml --kernel pack --shape N=8 --shape H=128 \
+        --shape D=512 --bucket 1 64 1024 --db "$out/unseen_db" --report "$out/tune_unseen_fp8_pack.md" 2>&1 | tail -2
+    timeout 200 python3 benchmarks/bench_unseen_specs.py --dcp 12 --ulysses 0 --out "$out" 2>&1 | tail -3
+    ;;
+fp8tune)
+    tune_dcp_grid pack tune_dcp_fp8_pack "$fp8_specs" 240 45
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    ;;
+fp8fill)
+    # The vllm_a2a_fp8 studies of H 16 / D 512 and H 32 / D 128 that fp8tune's limits cut, its combine there; then
+    # bench_dcp_v2.py and the dispatch check with that database.
+    for grid in "H=16 D=512" "H=32 D=128"; do
+        read -r heads width <<< "$grid"
+        timeout 70 python3 -m layoutgen.cli tune --spec vllm_a2a_fp8 --shape N=2,8 --shape "$heads" --shape "$width" \
+            --bucket 8 1024 --db tuning_db --report "$out/tune_vllm_a2a_fp8_${heads//=/_}_${width//=/_}.md" 2>&1 | tail -1
+    done
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    timeout 200 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -2
+    timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
+    ;;
+chunkbench)
+    # After fp8tune and the chunked pack's defaults from chunks' tune: every unseen spec, bench_dcp_v2.py, dispatch.
+    timeout 240 python3 benchmarks/bench_unseen_specs.py --out "$out" 2>&1 | tail -8
+    timeout 230 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -4
+    timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

@@ -23,7 +23,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'vllm_a2a_fp8'
 SPEC_HASH = 'eda1569232bb4e07f1f50e82abb714c3ad729fefb44ebe5771bc89c01083ebe0'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'f7ad220e8e9782417570877a8e789c7b656a4274eefb513996139a9eed5ecc43', 'combine': '3e97c93a8a219d7e254c77b9427cb6e30e8611ae5ec4c8cb056629cdc81dcbfe'}
+SOURCE_HASHES = {'pack': '64617c5ee224639e6aa4d1834cb39cfdc134662238e3dea012421b69d1037a70', 'combine': '3e97c93a8a219d7e254c77b9427cb6e30e8611ae5ec4c8cb056629cdc81dcbfe'}
 SPEC_SUMMARY = 'vllm_a2a with an fp8 (e4m3fn) payload; the LSE and the per-row float32 scales in buffers of their own.'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'vllm_a2a_fp8', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'float8_e4m3fn', 'scale_axes': ['peer', 'batch', 'head', 'block']}, 'stats': {'placement': 'separate', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 1, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
@@ -74,21 +74,66 @@ def _fp8_scales(amax):
 
 
 @triton.jit
-def _fp8_quantise_exact(values, LANE_AXIS: tl.constexpr, FP8_IN_SOFTWARE: tl.constexpr):
-    """(codes, scales) of float32 `values` whose axis LANE_AXIS holds whole scale blocks (masked lanes 0),
-    element by element: amax over the block's finite elements, scale, code = round(value / scale) with an IEEE
-    division (saturated; 0x7F, NaN, for a non-finite element)."""
-    magnitude = tl.abs(values)
-    finite = magnitude < float("inf")
-    scales = _fp8_scales(tl.max(tl.where(finite, magnitude, 0.0), axis=LANE_AXIS, keep_dims=True))
+def _fp8_encode_exact(values, scales, FP8_IN_SOFTWARE: tl.constexpr):
+    """tl.float8e4nv codes of float32 `values` in blocks of `scales`, element by element: round(value / scale)
+    with an IEEE division, saturated; 0x7F (NaN) for a non-finite element."""
     quotients = tl.math.div_rn(values, scales)
     if FP8_IN_SOFTWARE:
         codes = _fp8_codes(quotients)
     else:
         # cvt.rn.satfinite: round to nearest even, saturated to the finite range (the clamp, for free).
         codes = quotients.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
-    codes = tl.where(finite, codes, 0x7F)
-    return codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True), scales
+    codes = tl.where(tl.abs(values) < float("inf"), codes, 0x7F)
+    return codes.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _fp8_quantise_exact(values, LANE_AXIS: tl.constexpr, FP8_IN_SOFTWARE: tl.constexpr):
+    """(codes, scales) of float32 `values` whose axis LANE_AXIS holds whole scale blocks (masked lanes 0):
+    amax over the block's finite elements, scale, then `_fp8_encode_exact`."""
+    magnitude = tl.abs(values)
+    scales = _fp8_scales(tl.max(tl.where(magnitude < float("inf"), magnitude, 0.0), axis=LANE_AXIS, keep_dims=True))
+    return _fp8_encode_exact(values, scales, FP8_IN_SOFTWARE), scales
+
+
+@triton.jit
+def _fp8_fast_tile(amax):
+    """Whether every block of a tile may take the fast path of `_fp8_encode_fast`: its amax (NaN-propagating,
+    so a NaN or an infinity fails) 0 or in [2^-60, 2^100]."""
+    fast = (amax == 0.0) | ((amax >= 8.673617379884035e-19) & (amax <= 1.2676506002282294e30))
+    return tl.min(fast.to(tl.int32)) == 1
+
+
+@triton.jit
+def _fp8_inverse(scales):
+    """(y, y rounded down, its low part) of y = RN(1 / scale), once per block, for `_fp8_encode_fast`."""
+    inverse = tl.math.div_rn(1.0, scales)
+    below = tl.fma(-scales, inverse, 1.0) < 0.0
+    inverse_down = tl.where(below, (inverse.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), inverse)
+    inverse_low = tl.fma(-scales, inverse_down, 1.0) * inverse_down  # >= 0: 1 / s ~ inverse_down + inverse_low
+    return inverse, inverse_down, inverse_low
+
+
+@triton.jit
+def _fp8_encode_fast(values, scales, inverse, inverse_down, inverse_low):
+    """The codes of `_fp8_encode_exact` for finite `values` of a tile `_fp8_fast_tile` passed: per element one
+    multiply and three FMAs (Markstein's correction), a faithful first quotient q0 from y rounded down plus its
+    low part (so a zero keeps its sign), the exact remainder r = s * q0 - x, and q = RN(q0 - y * r) = RN(x / s).
+    (Quotients below 2^-31 may differ in the last bit; they encode as a signed zero either way.)"""
+    first = tl.fma(values, inverse_down, values * inverse_low)
+    # neg.f32 flips the sign bit (Triton's unary minus is 0 - x), and ptxas folds it into the FMA.
+    negated = tl.inline_asm_elementwise("neg.f32 $0, $1;", "=r,r", [values], dtype=tl.float32, is_pure=True, pack=1)
+    quotients = tl.fma(0.0 - inverse, tl.fma(scales, first, negated), first)
+    # Four codes per 32-bit register straight from two cvt.rn.satfinite (round to nearest even; the clamp for
+    # free), so the stores get whole words without unpacking and repacking bytes.
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
+        "=r,r,r,r,r",
+        [quotients],
+        dtype=tl.uint8,
+        is_pure=True,
+        pack=4,
+    ).to(tl.float8e4nv, bitcast=True)
 
 
 @triton.jit
@@ -98,38 +143,17 @@ def _fp8_quantise(values, LANE_AXIS: tl.constexpr, FP8_IN_SOFTWARE: tl.constexpr
 
     On a GPU, `tl.math.div_rn` per element costs a reciprocal, five FMAs and a range check with a slow-path
     branch, and the non-finite elements two selects; so a tile whose blocks are all finite with amax 0 or in
-    [2^-60, 2^100] (every tile of real attention output) takes a fast path: amax with NaN propagation (one
-    max per element; a NaN or an infinity makes it non-finite and sends the tile to the exact path), the
-    block's reciprocal y = RN(1 / s) once, and per element one multiply and three FMAs (Markstein's
-    correction): a faithful first quotient q0 from y rounded down plus its low part (so a zero keeps its
-    sign), the exact remainder r = s * q0 - x, and q = RN(q0 - y * r) = RN(x / s).  (Quotients below 2^-31
-    may differ in the last bit; they encode as a signed zero either way.)  Any other tile, and the
-    interpreter (no fused multiply-add there), take `_fp8_quantise_exact`."""
+    [2^-60, 2^100] (every tile of real attention output) takes `_fp8_encode_fast` with the block's reciprocal
+    computed once.  Any other tile, and the interpreter (no fused multiply-add there), take
+    `_fp8_quantise_exact`."""
     if FP8_IN_SOFTWARE:
         codes, scales = _fp8_quantise_exact(values, LANE_AXIS, FP8_IN_SOFTWARE)
     else:
         amax = tl.reduce(tl.abs(values), LANE_AXIS, _max_or_nan, keep_dims=True)
-        fast = (amax == 0.0) | ((amax >= 8.673617379884035e-19) & (amax <= 1.2676506002282294e30))
-        if tl.min(fast.to(tl.int32)) == 1:
+        if _fp8_fast_tile(amax):
             scales = _fp8_scales(amax)
-            inverse = tl.math.div_rn(1.0, scales)
-            below = tl.fma(-scales, inverse, 1.0) < 0.0
-            inverse_down = tl.where(below, (inverse.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True), inverse)
-            inverse_low = tl.fma(-scales, inverse_down, 1.0) * inverse_down  # >= 0: 1 / s ~ inverse_down + inverse_low
-            first = tl.fma(values, inverse_down, values * inverse_low)
-            # neg.f32 flips the sign bit (Triton's unary minus is 0 - x), and ptxas folds it into the FMA.
-            negated = tl.inline_asm_elementwise("neg.f32 $0, $1;", "=r,r", [values], dtype=tl.float32, is_pure=True, pack=1)
-            quotients = tl.fma(0.0 - inverse, tl.fma(scales, first, negated), first)
-            # Four codes per 32-bit register straight from two cvt.rn.satfinite (round to nearest even; the
-            # clamp for free), so the stores get whole words without unpacking and repacking bytes.
-            codes = tl.inline_asm_elementwise(
-                "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
-                "=r,r,r,r,r",
-                [quotients],
-                dtype=tl.uint8,
-                is_pure=True,
-                pack=4,
-            ).to(tl.float8e4nv, bitcast=True)
+            inverse, inverse_down, inverse_low = _fp8_inverse(scales)
+            codes = _fp8_encode_fast(values, scales, inverse, inverse_down, inverse_low)
         else:
             codes, scales = _fp8_quantise_exact(values, LANE_AXIS, FP8_IN_SOFTWARE)
     return codes, scales

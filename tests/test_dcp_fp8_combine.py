@@ -23,8 +23,9 @@ import pytest
 import torch
 from conftest import NAN_BYTE, dcp_problem, fill_bytes, generated_module, make_spec, render_module, requires_interpreter
 
+from layoutgen.config import next_pow2
 from layoutgen.dcp import quant, reference
-from layoutgen.dcp.config import CombineConfig, PackConfig, default_pack_config, fp8_min_block_dim
+from layoutgen.dcp.config import CombineConfig, PackConfig, check_pack_tile, default_pack_config
 from layoutgen.dcp.layout import LayoutBuffers, wire_dtype
 from layoutgen.dcp.spec import DcpSpec
 from layoutgen.dcp.tolerances import COMBINE_RTOL, combine_error, lse_error
@@ -209,9 +210,11 @@ def test_the_gate_catches_a_wrong_scale(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize("block", [None, 32, 128])
 @pytest.mark.parametrize("innermost", ["dim", "head", "batch"])
 def test_the_tuners_space_holds_only_configs_the_fp8_launcher_accepts(block: int | None, innermost: str) -> None:
-    """The pack's space starts its dim block at the scale block: below it the launcher refuses the config
-    (263 of the 273 configs of a block-D spec's space at N 8, H 128, D 512 were such failed launches)."""
-    from layoutgen.dcp.config import check_pack_tile
+    """With dim innermost the pack's space starts its dim block at the scale block: below it the launcher
+    refuses the config (263 of the 273 configs of a block-D spec's space at N 8, H 128, D 512 were such failed
+    launches).  A layout that transposes splits blocks into chunks: its space starts at 16 dims (or the whole
+    block, when smaller), and every config of it launches."""
+    from layoutgen.dcp.config import pack_search_floor
     from layoutgen.tuning.problem import Problem
     from layoutgen.tuning.space import bind
 
@@ -228,15 +231,21 @@ def test_the_tuners_space_holds_only_configs_the_fp8_launcher_accepts(block: int
     for D in (128, 512):
         space = bind(Problem(spec, "pack", (("N", 8), ("Hl", 16), ("D", D)), "bfloat16"), 1024)
         feasible = space.feasible()
-        assert feasible and min(config.block_dim for config in feasible) == fp8_min_block_dim(spec, D)
+        lowest = min(config.block_dim for config in feasible)
+        assert lowest == pack_search_floor(spec, D)
+        assert lowest == (next_pow2(block or D) if innermost == "dim" else min(16, block or D))
         for config in feasible:
             check_pack_tile(spec, D, config)  # raises for a config the launcher would refuse
 
 
 @pytest.mark.parametrize("block", [None, 32, 128])
-@pytest.mark.parametrize("innermost", ["dim", "batch"])
-def test_default_pack_configs_cover_whole_scale_blocks(block: int | None, innermost: str) -> None:
-    axes = ["peer", "head", "batch", "dim"] if innermost == "dim" else ["peer", "head", "dim", "batch"]
+@pytest.mark.parametrize("innermost", ["dim", "batch", "head"])
+def test_default_pack_configs_launch(block: int | None, innermost: str) -> None:
+    """Whole scale blocks where dim is innermost; where the pack transposes, the tuner's boxes of the H200 (64
+    rows x 64 dims, 16 heads x 128 dims) and two waves of programs (264) at B >= 64."""
+    axes = {"dim": ["peer", "head", "batch", "dim"], "head": ["peer", "batch", "dim", "head"]}.get(
+        innermost, ["peer", "head", "dim", "batch"]
+    )
     payload: dict[str, Any] = {"axes": axes, "dtype": "float8_e4m3fn", **({"scale_block": block} if block else {})}
     spec = make_spec(
         name="defaults_fp8",
@@ -247,8 +256,19 @@ def test_default_pack_configs_cover_whole_scale_blocks(block: int | None, innerm
     for D in (128, 512, 576 if block is None else 512):
         for B in (1, 64, 4096):
             config = default_pack_config(spec, 8, 16, D, B, 1)
-            assert config.block_dim >= fp8_min_block_dim(spec, D)
-            assert config.tile_elements <= 16 * 32 * config.num_warps or config.num_warps == 16
+            check_pack_tile(spec, D, config)
+            if innermost == "dim":
+                assert config.block_dim >= next_pow2(spec.scale_block_of(D))
+                assert config.tile_elements <= 16 * 32 * config.num_warps or config.num_warps == 16
+                continue
+            if B == 1024 and innermost == "batch":
+                assert (config.block_batch, config.block_dim) == (64, 64), config
+            elif B == 1024:
+                assert (config.block_head, config.block_dim) == (16, 128), config
+            programs = -(-B // config.block_batch) * -(-8 // config.block_peer) * -(-16 // config.block_head)
+            programs *= max(1, D // max(config.block_dim, spec.scale_block_of(D)))
+            if B >= 64:
+                assert programs >= 264, config
 
 
 def test_the_database_key_and_bytes_of_an_fp8_spec() -> None:

@@ -207,6 +207,37 @@ def test_fp8_pack_tiles_of_several_blocks(
     pack_case(module, 4, 5, 3, 96, torch.bfloat16, generator, "lse", "some", config)
 
 
+@pytest.mark.parametrize(
+    ("axes", "block", "widths"),
+    [
+        (["batch", "dim", "peer", "head"], None, ((24, 8), (24, 16), (20, 8))),
+        (["peer", "head", "dim", "batch"], 16, ((48, 8), (32, 4))),
+        (["peer", "batch", "dim", "head"], None, ((32, 8),)),
+    ],
+    ids=["head-inner-block-D", "batch-inner-block-16", "head-inner-peer-outer"],
+)
+def test_transposing_fp8_packs_split_scale_blocks_into_chunks(
+    axes: list[str], block: int | None, widths: tuple[tuple[int, int], ...], generator: torch.Generator,
+    tmp_path_factory: Any,
+) -> None:  # fmt: skip
+    """A payload whose innermost axis is not dim packs a scale block wider than its tile in chunks (two
+    passes): chunks that divide the block (24 = 3 x 8), a partial last chunk (24 in 16s, 20 in 8s), several
+    chunks per block of 16; masked rows, both stats forms, odd N, B and heads."""
+    payload: dict[str, Any] = {"axes": axes, "dtype": "float8_e4m3fn", **({"scale_block": block} if block else {})}
+    spec = make_spec(
+        name="chunks_fp8",
+        transport="external",
+        payload=payload,
+        stats={"placement": "separate", "axes": ["peer", "batch", "head", "slot"]},
+    )
+    module = render_module(spec, tmp_path_factory.mktemp("chunks"))
+    for D, block_dim in widths:
+        config = PackConfig(block_peer=2, block_batch=2, block_head=2, block_dim=block_dim, num_warps=1)
+        assert block_dim < (block or D)  # the chunked path, not one pass
+        for form, mask in (("lse", "some"), ("max_sum", "none")):
+            pack_case(module, 3, 5, 3, D, torch.bfloat16, generator, form, mask, config)
+
+
 def test_a_tile_that_splits_a_scale_block_is_refused(generator: torch.Generator) -> None:
     module = generated_module("pynccl_a2a_fp8")  # one scale per row: D = 64 needs block_dim >= 64
     bufs = module.alloc(2, 2, 4, 64, torch.bfloat16)

@@ -234,9 +234,10 @@ def test_default_configs_of_head_and_peer_innermost_layouts_take_whole_runs() ->
     )
     combine = default_combine_config(wide, 8, 16, 512, 1024, 2)  # a float32 wire keeps 32 rows x 32 x 1 warp
     assert (combine.block_batch, combine.block_dim, combine.num_warps) == (32, 32, 1)
-    # An fp8 wire keeps its box (whole scale blocks along dim): the grown one packed at 11% there.
+    # An fp8 wire walks its scale block (here a whole row) in chunks: 16 heads x 128 dims, the tuner's pick.
     fp8 = _with_payload_axes("pynccl_a2a_fp8", ("peer", "batch", "dim", "head"))
-    assert default_pack_config(fp8, 8, 16, 512, 1024, 2).block_dim == 512
+    pack = default_pack_config(fp8, 8, 16, 512, 1024, 2)
+    assert (pack.block_head, pack.block_dim, pack.num_warps) == (16, 128, 4)
 
 
 def test_configs_are_the_same_types() -> None:

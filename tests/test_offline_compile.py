@@ -57,6 +57,30 @@ def test_random_dcp_specs_compile_for_sm90_with_32_and_64_bit_offsets(
     assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == len(paths) * 2 * 2
 
 
+def test_fp8_packs_that_walk_scale_blocks_in_chunks_compile_with_32_and_64_bit_offsets(tmp_path: Path) -> None:
+    """The two-pass form of a transposing fp8 pack (its default config at D 512 takes 64 or 128 of a row's 512
+    dims per chunk; with batch innermost only at the 64-bit shape's B, at B 5 it takes whole rows), with head
+    and with batch innermost: each pack form, and combine, at both offset widths."""
+    from layoutgen.dcp.config import default_pack_config
+
+    paths = []
+    for name, axes in (
+        ("chunks_head", ["batch", "dim", "peer", "head"]),
+        ("chunks_batch", ["peer", "head", "dim", "batch"]),
+    ):
+        spec = make_spec(
+            name=name,
+            transport="external",
+            payload={"axes": axes, "dtype": "float8_e5m2"},
+            stats={"placement": "separate", "axes": ["peer", "batch", "head", "slot"], "form": "max_sum"},
+        )
+        assert spec.fp8_chunks and default_pack_config(spec, 2, 64, 512, 32784, 2).block_dim < 512  # two passes
+        paths.append(render_module(spec, tmp_path).__file__)
+    result = compile_offline_in_subprocess(paths)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == len(paths) * 2 * 2
+
+
 def test_build_reports_a_kernel_that_does_not_compile_and_fails(tmp_path: Path) -> None:
     """`layoutgen build`'s verification adds the offline compile: the bundled qkv module with the 64-bit fix
     taken out (its program id left int32) fails at scatter and gather, 64-bit, with the compiler's reason."""

@@ -143,11 +143,12 @@ class DcpFamily(Family):
         N, heads_per_peer, D, elem, wire = self._sizes(problem)
         extents = {"peer": N, "batch": bucket, "head": heads_per_peer, "dim": D}
         if problem.kernel == "pack":
-            from layoutgen.dcp.config import fp8_min_block_dim
+            from layoutgen.dcp.config import pack_search_floor
 
-            # An fp8 pack's dim block covers whole scale blocks (the launcher refuses less): without this floor
-            # 263 of the 273 configs of a block-D spec's space (N 8, H 128, D 512) were launches that fail.
-            floors = {"dim": fp8_min_block_dim(problem.spec, D)} if problem.spec.fp8 else {}
+            # An fp8 pack's dim block covers whole scale blocks (the launcher refuses less) unless it walks them
+            # in chunks: without this floor 263 of the 273 configs of a block-D spec's space (N 8, H 128,
+            # D 512, dim innermost) were launches that fail.
+            floors = {"dim": pack_search_floor(problem.spec, D)} if problem.spec.fp8 else {}
             return SpaceExtents(extents, problem.spec.payload.axes[-1], wire, 1, floors)
         return SpaceExtents(extents, "dim", elem, N)  # each output element loads N partials
 

@@ -35,10 +35,24 @@ class CombineConfig(_TileConfig):
 CONFIG_TYPES: dict[str, type[LaunchConfig]] = {"pack": PackConfig, "combine": CombineConfig}
 
 
+#: The narrowest chunk of a scale block the tuner tries for a pack that splits blocks (`DcpSpec.fp8_chunks`):
+#: 16 elements, 32-byte loads of bf16 per row.
+FP8_MIN_CHUNK = 16
+
+
 def fp8_min_block_dim(spec: DcpSpec, D: int) -> int:
-    """The narrowest pack tile along dim for an fp8 spec: its scale block rounded up to a power of two (a
-    block's amax needs all of its elements in one program); 1 for any other spec."""
-    return next_pow2(spec.scale_block_of(D)) if spec.fp8 else 1
+    """The narrowest pack tile along dim the launcher takes: for an fp8 spec whose pack quantises whole blocks in
+    one pass, its scale block rounded up to a power of two (a block's amax needs all of its elements in one
+    program); 1 for any other spec, a pack that splits blocks into chunks (`DcpSpec.fp8_chunks`) included."""
+    return next_pow2(spec.scale_block_of(D)) if spec.fp8 and not spec.fp8_chunks else 1
+
+
+def pack_search_floor(spec: DcpSpec, D: int) -> int:
+    """The narrowest dim block the tuner's pack space holds: `fp8_min_block_dim`, and for a pack that splits
+    scale blocks into chunks at least FP8_MIN_CHUNK (or the whole block, when smaller)."""
+    if spec.fp8_chunks:
+        return min(next_pow2(spec.scale_block_of(D)), FP8_MIN_CHUNK)
+    return fp8_min_block_dim(spec, D)
 
 
 def check_pack_tile(spec: DcpSpec, D: int, config: PackConfig) -> None:
@@ -58,10 +72,54 @@ def _warps_for(tile_elements: int, elem_size: int) -> int:
     return max(1, min(16, tile_bytes // 2048)) if tile_bytes >= 2048 else 1
 
 
+#: Programs that fill two waves of an H200's 132 SMs.
+_TWO_WAVES = 264
+
+
+def _spread_rows(spec: DcpSpec, blocks: dict[str, int], extents: dict[str, int], D: int) -> dict[str, int]:
+    """`blocks` with fewer rows per program (outermost axis first, down to 16 rows) until the grid holds two
+    waves, the dim block regrown up to the scale block with what the rows give back: a program of a pack that
+    splits blocks covers whole blocks' rows, so at B = 1 a box of 128 heads x 32 dims was one program."""
+    row_axes = [axis for axis in spec.payload.axes if axis != "dim"]
+    lanes = next_pow2(spec.scale_block_of(D))
+    blocks = dict(blocks)
+
+    def rows() -> int:
+        return blocks["peer"] * blocks["batch"] * blocks["head"]
+
+    def programs() -> int:
+        row_programs = 1
+        for axis in row_axes:
+            row_programs *= -(-extents[axis] // blocks[axis])
+        return row_programs * max(1, D // max(blocks["dim"], spec.scale_block_of(D)))
+
+    while programs() < _TWO_WAVES and rows() > 16:
+        axis = next(axis for axis in row_axes if blocks[axis] > 1)
+        blocks[axis] //= 2
+        blocks["dim"] = max(blocks["dim"], min(lanes, 4096 // rows()))
+    return blocks
+
+
 def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: int, elem_size: int) -> PackConfig:
     """A safe, reasonably fast starting point; the tuner replaces it per shape."""
     innermost = spec.payload.axes[-1]
     block_dim = min(next_pow2(D), 1024)
+    if spec.fp8_chunks:
+        # An fp8 wire that transposes (batch, head or peer innermost) walks a scale block wider than the box in
+        # chunks (`DcpSpec.fp8_chunks`).  The box grows from the destination's innermost axis outward after
+        # taking its dims, the tuner's picks at N 8, B 1024, H 128, D 512 on the H200 (bench_unseen_specs.py's
+        # seed-0 specs; tune_unseen_fp8_pack.md): batch innermost, 64 rows x 64 dims (76.4 µs against 94.0
+        # for 128 x 32 x 8 warps); head innermost, one scale per row: 16 heads x 128 dims, 4 chunks (92.7 µs
+        # against 150.0 for 128 heads x 32 dims, whose two passes over 128 KiB per program missed the L2;
+        # a box of whole rows, 8 heads x 512, took 133).
+        extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": block_dim}
+        dims, budget = (64, 4096) if innermost == "batch" else (128, 2048)
+        grown = grow_box(spec.payload.axes, extents, budget, floors={"dim": min(block_dim, dims)})
+        blocks = _spread_rows(spec, grown, extents, D)
+        config = PackConfig(
+            block_peer=blocks["peer"], block_batch=blocks["batch"], block_head=blocks["head"], block_dim=blocks["dim"]
+        )
+        return dataclasses.replace(config, num_warps=4)
     if innermost == "batch":
         # A transpose: `out` is contiguous along dim, the destination along batch.  The tile is rows x dims,
         # loaded along dim and stored along batch (Triton converts between the two through shared memory);
@@ -72,25 +130,20 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
         block_batch = min(next_pow2(B), 64)
         block_dim = min(block_dim, max(64, 4096 // block_batch))
         block_head, block_peer = 1, 1
-    elif innermost in ("peer", "head") and not spec.fp8:
+    elif innermost in ("peer", "head"):
         # The destination is contiguous along its inner axes, `out` along dim: the box grows from the
         # destination's innermost axis outward (whole runs of heads or peers first), over at least 64 dims
         # (128-byte loads of bf16), to ~4096 elements.  A fixed 512 dims left 8 of 16 heads per store, 16
         # bytes: payload [peer, batch, dim, head] packed at 61% of the copy ceiling, 93% now (H200,
-        # bench_unseen_specs.py).  Not for an fp8 wire, whose programs take whole scale blocks along dim:
-        # there this box packed at 11% (37% with the one below).
+        # bench_unseen_specs.py).
         extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": block_dim}
         blocks = grow_box(spec.payload.axes, extents, 4096, floors={"dim": min(block_dim, 64)})
         block_peer, block_batch, block_head, block_dim = blocks["peer"], blocks["batch"], blocks["head"], blocks["dim"]
-    elif innermost in ("peer", "head"):
-        block_batch = 1
-        block_peer = next_pow2(N) if innermost == "peer" else 1
-        block_head = min(next_pow2(heads_per_peer), max(1, 4096 // (block_dim * block_peer)))
     else:
         block_batch, block_peer = 1, 1
         block_head = min(next_pow2(heads_per_peer), max(1, 4096 // block_dim))
     if spec.fp8:
-        # Whole scale blocks per program, ~4096 elements per tile, and at most 16 per thread: each element
+        # dim innermost: whole scale blocks per program, ~4096 elements per tile, and at most 16 per thread: each element
         # lives in registers as float32 through the block's amax and the division.
         block_dim = max(block_dim, fp8_min_block_dim(spec, D))
         while block_head > 1 and block_peer * block_batch * block_head * block_dim > 4096:

@@ -111,6 +111,15 @@ def kernel_context(spec: DcpSpec) -> dict[str, object]:
     return context
 
 
+#: Each fp8 tile axis's block constexpr.
+_TILE_BLOCK = {
+    "peer": "BLOCK_PEER",
+    "batch": "BLOCK_BATCH",
+    "head": "BLOCK_HEAD",
+    "block": "TILE_BLOCKS",
+    "lane": "SCALE_LANES",
+}
+
 #: The Triton type and the largest finite value of each fp8 wire dtype.
 _FP8_TYPES = {PayloadDtype.FLOAT8_E4M3FN: "tl.float8e4nv", PayloadDtype.FLOAT8_E5M2: "tl.float8e5"}
 
@@ -145,6 +154,11 @@ def fp8_context(spec: DcpSpec, payload_stride: dict[str, str]) -> dict[str, obje
             "dim": "(((NUM_SCALE_BLOCKS + TILE_BLOCKS - 1) // TILE_BLOCKS) * LANE_PROGRAMS)",
         },
         "scales_batch_innermost": False,
+        "fp8_chunks": spec.fp8_chunks,
+        # The tile's shape with its lane axis reduced: one amax per (peer, batch, head, block).
+        "amax_shape": ", ".join("1" if axis == "lane" else _TILE_BLOCK[axis] for axis in tile_axes),
+        # One chunk of SCALE_LANES elements along the destination's dim axis.
+        "chunk_step": "SCALE_LANES" if payload_stride["dim"] == "1" else "SCALE_LANES * payload_stride_dim",
     }
     if spec.row_tail:
         # dim is innermost (validated), so element HEAD_DIM of a row is its first tail byte: the stats words, then

@@ -62,6 +62,12 @@ EXTRA = {
         },
         "stats": {"placement": "separate", "axes": ["peer", "head", "slot", "batch"]},
     },
+    "fp8_head_inner": {
+        "name": "fp8_head_inner",
+        "transport": "external",
+        "payload": {"axes": ["batch", "dim", "peer", "head"], "dtype": "float8_e4m3fn"},
+        "stats": {"placement": "separate", "axes": ["slot", "batch", "head", "peer"], "form": "max_sum"},
+    },
 }
 SPECS = ["pynccl_a2a_fp8", "vllm_a2a_fp8", *EXTRA]
 N, H, D = 4, 32, 128
@@ -160,6 +166,22 @@ def test_fp8_pack_is_byte_exact_on_the_gpu(spec_name: str, dtype: torch.dtype, m
                 assert_same_bytes(to_cpu(bufs), want, f"{spec_name} {dtype} B={B} masked={masked is not None} {config}")
 
 
+def check_masked_packs(
+    module: ModuleType, B: int, heads: int, width: int, configs: list[Any], generator: torch.Generator
+) -> None:
+    """bf16 awkward rows [B, heads, width], a quarter of the requests empty, packed with each config into
+    canary-filled buffers: byte for byte the reference's."""
+    out = awkward_rows(module.SPEC, B, generator, H=heads, D=width).to(torch.bfloat16)
+    lse = torch.randn(B, heads, generator=generator) * 4
+    empty = torch.rand(B, generator=generator) < 0.25
+    want = reference_bytes(module.SPEC, out, lse, empty)
+    for config in configs:
+        bufs = fill_bytes(module.alloc(N, B, heads, width, torch.bfloat16, "cuda"))
+        module.pack(out.cuda(), lse.cuda(), bufs, empty=empty.cuda(), config=config)
+        torch.cuda.synchronize()
+        assert_same_bytes(to_cpu(bufs), want, f"{module.SPEC.name} D={width} B={B} {config}")
+
+
 @pytest.mark.parametrize("spec_name", ["pynccl_a2a_fp8", "vllm_a2a_fp8", "fp8_e5m2_blocks"])
 def test_fp8_pack_is_byte_exact_at_the_mla_width(spec_name: str, modules: dict[str, ModuleType]) -> None:
     """D 512 (MLA decode, the width the database is tuned at): one scale per 512 or per 32 elements, the
@@ -175,15 +197,27 @@ def test_fp8_pack_is_byte_exact_at_the_mla_width(spec_name: str, modules: dict[s
     if module.SPEC.scale_block_of(width) < width:  # a tile of four 32-element blocks, a quarter of the row
         configs.append(PackConfig(block_peer=1, block_batch=2, block_head=2, block_dim=128, num_warps=4))
     for B in (1, 37, 256):
-        out = awkward_rows(module.SPEC, B, generator, H=heads, D=width).to(torch.bfloat16)
-        lse = torch.randn(B, heads, generator=generator) * 4
-        empty = torch.rand(B, generator=generator) < 0.25
-        want = reference_bytes(module.SPEC, out, lse, empty)
-        for config in configs:
-            bufs = fill_bytes(module.alloc(N, B, heads, width, torch.bfloat16, "cuda"))
-            module.pack(out.cuda(), lse.cuda(), bufs, empty=empty.cuda(), config=config)
-            torch.cuda.synchronize()
-            assert_same_bytes(to_cpu(bufs), want, f"{spec_name} D={width} B={B} {config}")
+        check_masked_packs(module, B, heads, width, configs, generator)
+
+
+@pytest.mark.parametrize("spec_name", ["fp8_head_inner", "fp8_batch_inner"])
+def test_fp8_pack_in_chunks_is_byte_exact_on_the_gpu(spec_name: str, modules: dict[str, ModuleType]) -> None:
+    """Transposing fp8 layouts walk a scale block in chunks of the tile (two passes: the amax, then the codes,
+    the fast path or the exact one per tile): one scale per row or per 64 elements, at D 128 and 512, and for
+    one scale per row at D 576, which 256-element chunks do not divide (the third is partial)."""
+    module = modules[spec_name]
+    generator = torch.Generator().manual_seed(64)
+    configs = [
+        None,
+        PackConfig(block_peer=4, block_batch=1, block_head=8, block_dim=16, num_warps=4),
+        PackConfig(block_peer=2, block_batch=2, block_head=4, block_dim=32, num_warps=8),
+        PackConfig(block_peer=1, block_batch=16, block_head=1, block_dim=64, num_warps=4),
+        PackConfig(block_peer=1, block_batch=1, block_head=4, block_dim=256, num_warps=4),
+    ]
+    widths = (128, 512, 576) if module.SPEC.payload.scale_block is None else (128, 512)
+    for width in widths:
+        for B in (1, 37):
+            check_masked_packs(module, B, H, width, configs, generator)
 
 
 def test_every_rounding_midpoint_of_e4m3fn_on_the_gpu(modules: dict[str, ModuleType]) -> None:
