@@ -274,7 +274,8 @@ class SpaceExtents:
     """A problem as the shared pruning rules see it: the extent of every tiled axis at the bucket, the
     destination's innermost axis (stores coalesce along it), the bytes of one element moved, how many
     source elements each destination element loads (N for a merge of N partials, 1 for a copy), and the
-    smallest block the kernel accepts along an axis (an fp8 pack's dim block holds whole scale blocks)."""
+    smallest block the kernel accepts along an axis, or the smallest worth searching (an fp8 pack's dim block
+    holds whole scale blocks, or chunks of at least 16 elements where it walks them in chunks)."""
 
     extents: Mapping[str, int]
     innermost: str
