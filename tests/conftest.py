@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -328,6 +329,14 @@ def pairwise(factors: dict[str, tuple[Any, ...]], seed: int = 21, candidates: in
         uncovered -= {(x, best[x], y, best[y]) for x, y in itertools.combinations(names, 2)}
         cases.append({name: factors[name][best[name]] for name in names})
     return cases
+
+
+def default_stop_signals() -> None:
+    """A child's `preexec_fn`: SIGINT and SIGTERM at their defaults, as a terminal's foreground command has them,
+    also where this run inherited them ignored (a shell's `cmd &` ignores SIGINT, and layoutgen keeps an
+    inherited SIG_IGN on purpose)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def compile_offline_in_subprocess(specs: Sequence[str]) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import default_stop_signals
 
 from layoutgen import codegen
 from layoutgen.dcp import FAMILY as DCP_FAMILY
@@ -188,7 +189,8 @@ def test_debug_shows_the_traceback(
 # Ctrl-C
 # ---------------------------------------------------------------------------------------------
 def start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
-    """`layoutgen ARGS` as a terminal would run it: its own process group, unbuffered output."""
+    """`layoutgen ARGS` as a terminal would run it: its own process group, SIGINT and SIGTERM at their defaults
+    (even where the suite was started with them ignored, by `cmd &` in a script), unbuffered output."""
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "COLUMNS": "200", **env}
     environment.pop("LAYOUTGEN_DEBUG", None)
     return subprocess.Popen(
@@ -199,6 +201,7 @@ def start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen[str]:
         text=True,
         env=environment,
         start_new_session=True,
+        preexec_fn=default_stop_signals,
     )
 
 

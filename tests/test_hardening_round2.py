@@ -45,7 +45,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import NAN_BYTE, dcp_grid, requires_interpreter
+from conftest import NAN_BYTE, dcp_grid, default_stop_signals, requires_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "layoutgen"
@@ -507,13 +507,8 @@ def start_layoutgen(args: list[str], cwd: Path) -> subprocess.Popen[str]:
         text=True,
         env=child_env(CUDA_VISIBLE_DEVICES=""),
         start_new_session=True,
-        preexec_fn=_default_stop_signals,
+        preexec_fn=default_stop_signals,
     )
-
-
-def _default_stop_signals() -> None:
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_DFL)
 
 
 def stop(process: subprocess.Popen[str], signum: int) -> tuple[str, str]:
@@ -637,7 +632,7 @@ def run_cli_script(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         env=child_env(CUDA_VISIBLE_DEVICES=""),
         timeout=CHILD_TIMEOUT_S,
-        preexec_fn=_default_stop_signals,
+        preexec_fn=default_stop_signals,
     )
 
 

@@ -252,7 +252,8 @@ def test_sigterm_to_the_tuner_alone_stops_its_workers(tmp_path: Path) -> None:
     import time
 
     import optuna
-    from test_hardening_round2 import _default_stop_signals, child_env
+    from conftest import default_stop_signals
+    from test_hardening_round2 import child_env
 
     journal = tmp_path / "studies.journal"
     command = [sys.executable, "-m", "layoutgen.cli", "tune", "--interpret", "--spec", "pynccl_a2a", "--kernel",
@@ -260,7 +261,7 @@ def test_sigterm_to_the_tuner_alone_stops_its_workers(tmp_path: Path) -> None:
                "10", "--trials", "12", "--workers", "2", "--storage", str(journal), "--db", str(tmp_path / "db")]  # fmt: skip
     process = subprocess.Popen(
         command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=_default_stop_signals,
+        preexec_fn=default_stop_signals,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
