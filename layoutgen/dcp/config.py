@@ -118,10 +118,13 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
         dims, budget = (64, 4096) if innermost == "batch" else (128, 2048)
         grown = grow_box(spec.payload.axes, extents, budget, floors={"dim": min(block_dim, dims)})
         blocks = _spread_rows(spec, grown, extents, D)
-        config = PackConfig(
-            block_peer=blocks["peer"], block_batch=blocks["batch"], block_head=blocks["head"], block_dim=blocks["dim"]
+        return PackConfig(
+            block_peer=blocks["peer"],
+            block_batch=blocks["batch"],
+            block_head=blocks["head"],
+            block_dim=blocks["dim"],
+            num_warps=4,
         )
-        return dataclasses.replace(config, num_warps=4)
     if innermost == "batch":
         # A transpose: `out` is contiguous along dim, the destination along batch.  The tile is rows x dims,
         # loaded along dim and stored along batch (Triton converts between the two through shared memory);
