@@ -199,6 +199,15 @@ def _replace_if_changed(path: Path, content: str) -> bool:
     return True
 
 
+def remove_if_unchanged(path: Path, content: str) -> bool:
+    """Remove `path` when it holds exactly `content` (a module known to fail); True when removed."""
+    with FileLock(_lock_file(path)):
+        if current_text(path) != content:
+            return False
+        path.unlink()
+    return True
+
+
 @dataclass(frozen=True)
 class Planned:
     """One file `build` owns: where it goes and what it must contain."""

@@ -1,4 +1,5 @@
-"""`layoutgen build` as a user runs it (a subprocess of the real entry point), writing only to tmp."""
+"""`layoutgen build` as a user runs it (a subprocess of the real entry point; in this process where a test fakes a
+failing verification), writing only to tmp."""
 
 from __future__ import annotations
 
@@ -152,3 +153,133 @@ def test_unknown_option_is_a_usage_error(tmp_path):
 def test_help(args, tmp_path):
     result = layoutgen(*args, cwd=tmp_path)
     assert result.returncode == 0 and "Usage" in result.stdout
+
+
+# A failing verification, faked: the family's verify (and the offline compile) replaced in this process.
+def build_here(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    """`layoutgen build ARGS` through the real entry point in this process: (exit code, stdout, stderr)."""
+    from layoutgen.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # one message, one line
+    monkeypatch.delenv("LAYOUTGEN_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", ["layoutgen", "build", *args])
+    try:
+        main()
+        code: object = 0
+    except SystemExit as exited:
+        code = exited.code
+    out, err = capsys.readouterr()
+    return (code if isinstance(code, int) else 0 if code is None else 1), out, err
+
+
+def fake_verification(monkeypatch: pytest.MonkeyPatch, failing: set[str]) -> list[tuple[str, str]]:
+    """DCP verification reports a failure for the specs in `failing` and passes the others; returns (file,
+    text) of every module it was given, read when it was verified.  No offline compile."""
+    from layoutgen.family import Check, VerifyReport
+    from layoutgen.tuning import offline
+
+    seen: list[tuple[str, str]] = []
+
+    def verify(self: object, module: object, device: str) -> VerifyReport:
+        name = module.SPEC.name  # type: ignore[attr-defined]
+        seen.append((module.__file__, Path(module.__file__).read_text(encoding="utf-8")))  # type: ignore[attr-defined]
+        bad = name in failing
+        check = Check("pack", not bad, "bytes differ in 1 shape" if bad else "bytes identical in 5 shapes")
+        return VerifyReport(name, "dcp", (check,), (f"{name} pack: bytes differ",) if bad else ())
+
+    monkeypatch.setattr(type(DCP_FAMILY), "verify", verify)
+    monkeypatch.setattr(offline, "unavailable", lambda: "faked for this test")
+    return seen
+
+
+def _rendering(path: Path) -> str:
+    return codegen.render(load_spec(path), codegen.display_name(path))
+
+
+def test_a_failing_module_is_not_written_and_the_previous_one_is_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    previous = "# the module an earlier build wrote\n"
+    (out / "pynccl_a2a.py").write_text(previous, encoding="utf-8")
+    seen = fake_verification(monkeypatch, failing={"pynccl_a2a"})
+    code, stdout, stderr = build_here(
+        ["--spec", str(PYNCCL_SPEC), "--spec", str(VLLM_SPEC), "--out", str(out)], capsys, monkeypatch
+    )
+    assert code == 1, stdout + stderr
+    assert (out / "pynccl_a2a.py").read_text(encoding="utf-8") == previous, "a failing module replaced a previous one"
+    assert (out / "vllm_a2a.py").read_text(encoding="utf-8") == _rendering(VLLM_SPEC), "a passing module was held back"
+    assert sorted(path.name for path in out.iterdir()) == ["pynccl_a2a.py", "vllm_a2a.py"]
+    message = " ".join(stderr.split())
+    assert "verification failed for pynccl_a2a:" in message and "vllm_a2a" not in message.split("error:")[-1]
+    assert "run the build again" in message and "--no-verify" in message and "Traceback" not in message
+    assert f"{out / 'pynccl_a2a.py'} not replaced" in message
+    assert "1 written, 0 unchanged, 1 not written (failed verification) in" in stdout
+    # What was verified is the text each module gets, from files outside --out that are gone now.
+    assert sorted(text for _, text in seen) == sorted([_rendering(PYNCCL_SPEC), _rendering(VLLM_SPEC)])
+    assert all(Path(file).parent != out and not Path(file).exists() for file, _ in seen)
+
+
+def test_an_unchanged_module_that_fails_is_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The module in --out is this very rendering, now known to fail: it must not stay there as if it were good.
+    out = tmp_path / "out"
+    code, _, stderr = build_here(["--spec", str(PYNCCL_SPEC), "--out", str(out), "--no-verify"], capsys, monkeypatch)
+    assert code == 0 and (out / "pynccl_a2a.py").is_file(), stderr
+    fake_verification(monkeypatch, failing={"pynccl_a2a"})
+    code, stdout, stderr = build_here(["--spec", str(PYNCCL_SPEC), "--out", str(out)], capsys, monkeypatch)
+    assert code == 1, stdout + stderr
+    assert list(out.iterdir()) == [], "a module known to fail stayed in --out"
+    assert f"removed {out / 'pynccl_a2a.py'}" in " ".join(stderr.split())
+    assert "verification failed for pynccl_a2a" in " ".join(stderr.split())
+    code, _, stderr = build_here(["--spec", str(PYNCCL_SPEC), "--out", str(out), "--check"], capsys, monkeypatch)
+    assert code == 1 and f"{out / 'pynccl_a2a.py'}: missing" in stderr
+
+
+def test_a_new_module_that_fails_is_not_written_and_one_that_passes_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    fake_verification(monkeypatch, failing={"pynccl_a2a"})
+    code, stdout, stderr = build_here(["--spec", str(PYNCCL_SPEC), "--out", str(out)], capsys, monkeypatch)
+    assert code == 1, stdout + stderr
+    assert not out.exists(), "nothing passed: nothing written, not even the directory"
+    assert f"{out / 'pynccl_a2a.py'} not written" in " ".join(stderr.split())
+
+    fake_verification(monkeypatch, failing=set())
+    code, stdout, stderr = build_here(["--spec", str(PYNCCL_SPEC), "--out", str(out)], capsys, monkeypatch)
+    assert code == 0, stdout + stderr
+    assert stdout.splitlines()[-1] == f"1 written, 0 unchanged in {out}"
+    assert (out / "pynccl_a2a.py").read_text(encoding="utf-8") == _rendering(PYNCCL_SPEC)
+    code, stdout, _ = build_here(["--spec", str(PYNCCL_SPEC), "--out", str(out)], capsys, monkeypatch)
+    assert code == 0 and stdout.splitlines()[-1] == f"0 written, 1 unchanged in {out}"
+
+
+def test_a_module_that_does_not_compile_offline_is_not_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sm_90 compile is part of the verification: it too runs on the text about to be written.
+    from layoutgen.tuning import offline
+
+    out = tmp_path / "out"
+    fake_verification(monkeypatch, failing=set())
+    compiled: list[tuple[str, str]] = []
+
+    def check_in_subprocesses(paths: list[str]) -> dict[str, list[dict[str, str]]]:
+        compiled.extend((path, Path(path).read_text(encoding="utf-8")) for path in paths)
+        return {
+            path: [{"kernel": "pack", "width": "64-bit", "error": "CompilationError: at 1:2: nope"}] for path in paths
+        }
+
+    monkeypatch.setattr(offline, "unavailable", lambda: None)
+    monkeypatch.setattr(offline, "check_in_subprocesses", check_in_subprocesses)
+    code, stdout, stderr = build_here(["--spec", str(PYNCCL_SPEC), "--out", str(out)], capsys, monkeypatch)
+    assert code == 1, stdout + stderr
+    assert not out.exists(), "a module that does not compile was written"
+    assert "verification failed for pynccl_a2a" in " ".join(stderr.split()) and "does not compile" in stderr
+    ((path, text),) = compiled
+    assert text == _rendering(PYNCCL_SPEC) and Path(path).parent != out

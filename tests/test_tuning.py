@@ -511,6 +511,141 @@ def test_two_workers_share_a_journal_file_without_timing_a_config_twice(tmp_path
     run_two_workers(tiny_options(tmp_path, workers=2, kernels=("pack", "combine"), trials=5))
 
 
+def decided_again(options: plan.TuneOptions) -> str:
+    """Tune `options` (one study), then take its decision away: a study whose search is complete and that
+    waits for its decision, as two tuners sharing it find it when both measured its last trials."""
+    run_tune(options)
+    (target,) = plan.make_targets(options)
+    (bucket,) = options.buckets
+    name = plan.study_name(CPU_INTERPRETER_DEVICE, target, bucket)
+    optuna.load_study(study_name=name, storage=open_storage(options.storage)).set_user_attr("final", None)
+    return name
+
+
+def bucket_search(options: plan.TuneOptions, worker: str) -> search.BucketSearch:
+    """A worker's search of the study: its own storage connection (a journal reader of its own) and worker id."""
+    ctx = context.make_context(options, open_storage(options.storage), context.QuietReporter())
+    ctx.worker = worker
+    (target,) = plan.make_targets(options)
+    (bucket,) = options.buckets
+    return search.BucketSearch(ctx, target, bucket, None)
+
+
+def study_names(options: plan.TuneOptions) -> list[str]:
+    return sorted(summary.study_name for summary in optuna.get_all_study_summaries(open_storage(options.storage)))
+
+
+@requires_interpreter
+def test_two_tuners_that_find_a_study_complete_together_decide_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both found the study finalizable (searched, undecided); the second asks while the first is re-timing.
+    # Deciding twice re-times twice and stores two decisions, the later overwriting the earlier, which its
+    # tuner has already written into the database (measured_at decides there, so the two can disagree).
+    import threading
+    import time as clock
+
+    options = tiny_options(tmp_path, buckets=(1,))
+    name = decided_again(options)
+    first, second = bucket_search(options, "host-a:1"), bucket_search(options, "host-b:2")
+    assert first.finalizable() and second.finalizable()
+    deciding, second_asked = threading.Event(), threading.Event()
+    deciders: list[str] = []
+    real_decide = search.decide
+
+    def decide(bucket_search: search.BucketSearch) -> dict[str, Any]:
+        deciders.append(bucket_search.ctx.worker)
+        if len(deciders) == 1:
+            deciding.set()
+            assert second_asked.wait(30), "the second tuner neither decided nor waited"
+        else:
+            second_asked.set()
+        return real_decide(bucket_search)
+
+    class Clock:
+        """search's clock, which tells when the second tuner waits."""
+
+        def __getattr__(self, attribute: str) -> Any:
+            return getattr(clock, attribute)
+
+        def sleep(self, seconds: float) -> None:
+            second_asked.set()
+            clock.sleep(seconds)
+
+    monkeypatch.setattr(search, "decide", decide)
+    monkeypatch.setattr(search, "time", Clock())
+    results: dict[str, Any] = {}
+
+    def finalize(bucket_search: search.BucketSearch) -> None:
+        results[bucket_search.ctx.worker] = bucket_search.finalize()
+
+    threads = [threading.Thread(target=finalize, args=(first,))]
+    threads[0].start()
+    assert deciding.wait(30)
+    threads.append(threading.Thread(target=finalize, args=(second,)))
+    threads[1].start()
+    for thread in threads:
+        thread.join(60)
+    assert deciders == ["host-a:1"], "the study was decided more than once"
+    stored = optuna.load_study(study_name=name, storage=open_storage(options.storage)).user_attrs["final"]
+    assert stored and results == {"host-a:1": stored, "host-b:2": stored}, "the second tuner saw another decision"
+    assert study_names(options) == [name], "a finalization claim was left in the storage"
+    assert not first.finalizable() and not second.finalizable()
+
+
+@requires_interpreter
+def test_a_finalization_claim_left_by_a_dead_tuner_is_taken_over(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    options = tiny_options(tmp_path, buckets=(1,))
+    name = decided_again(options)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    storage = open_storage(options.storage)
+    left = storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], f"{name}|finalizing|0")
+    storage.set_study_user_attr(
+        left, "claim", {"worker": f"{socket.gethostname()}:{dead.stdout.strip()}", "at": time.time()}
+    )
+    final = bucket_search(options, claims.worker_id()).finalize()
+    assert final and final == optuna.load_study(study_name=name, storage=storage).user_attrs["final"]
+    assert study_names(options) == [name]
+
+
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_a_finalization_claim_is_held_by_one_worker_until_released_or_gone(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Optuna refuses a study name that is taken atomically in both kinds of storage: exactly one of two
+    # workers creating the same claim gets it.
+    import time
+
+    url = str(tmp_path / "studies.journal") if kind == "journal" else f"sqlite:///{tmp_path / 'studies.db'}"
+    here, there = (
+        claims.FinalizeClaim(open_storage(url), "s", "host-a:1"),
+        claims.FinalizeClaim(open_storage(url), "s", "host-b:2"),
+    )
+    assert here.acquire() and not there.acquire()
+    assert not there.acquire(), "a live claim of another host was taken"
+    here.release()
+    assert there.acquire() and not here.acquire()
+    storage = open_storage(url)
+    claim = storage.get_study_user_attrs(storage.get_study_id_from_name("s|finalizing|0"))["claim"]
+    assert claim["worker"] == "host-b:2"
+    # A claim of another host older than STALE_AFTER_S belongs to a worker that is gone: superseded.
+    monkeypatch.setattr(claims, "STALE_AFTER_S", 0.0)
+    assert here.acquire() and here.held == 1
+    here.release()
+    assert [s.study_name for s in optuna.get_all_study_summaries(storage)] == []
+    # A claim created by a worker killed before it wrote its holder is gone UNCLAIMED_STALE_AFTER_S later.
+    storage.create_new_study([optuna.study.StudyDirection.MINIMIZE], "s|finalizing|0")
+    monkeypatch.setattr(claims, "UNCLAIMED_STALE_AFTER_S", 0.05)
+    assert not here.acquire()
+    time.sleep(0.1)
+    assert here.acquire() and here.held == 1
+
+
 def test_cli_rejects_trials_with_time_budget(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

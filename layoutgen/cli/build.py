@@ -1,9 +1,9 @@
-"""`layoutgen build`: render specs into Triton modules (atomic, only when changed) and verify them."""
+"""`layoutgen build`: render specs into Triton modules, verify them, and write those that pass (atomic, only when
+changed)."""
 
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -85,7 +85,8 @@ def build(
         bool, typer.Option("--verify/--no-verify", help="Check each module against its family's reference.")
     ] = True,
 ) -> None:
-    """Render specs into Triton modules (atomic, only when changed), then verify them against the reference."""
+    """Render specs into Triton modules, verify them against the reference, write those that pass (atomic, only
+    when changed)."""
     from layoutgen import codegen
 
     sources, bundled = _spec_sources(spec)
@@ -108,16 +109,87 @@ def build(
         say(f"{len(planned)} generated file(s) up to date in {out_dir}", "green", wrap=False)
         return
     check_writable_dir(out_dir, f"--out {out_dir}" if out is not None else f"the checkout's {out_dir}")
+    if not verify:
+        written = _write(planned, out_dir)
+        say(f"{len(written)} written, {len(planned) - len(written)} unchanged in {out_dir}", wrap=False)
+        return
+    modules = [item for item in planned if item.spec is not None]
+    reports = _verify_staged(modules)
+    failed = {report.spec_name for report in reports if not report.ok}
+    passed = [item for item in planned if item.spec is None or item.spec.name not in failed]
+    written = _write(passed, out_dir)
+    rejected = [item for item in modules if item.spec.name in failed]
+    not_written = f", {len(rejected)} not written (failed verification)" if rejected else ""
+    say(f"{len(written)} written, {len(passed) - len(written)} unchanged{not_written} in {out_dir}", wrap=False)
+    if rejected:
+        for item in rejected:
+            say(_withdraw(item), "red", err=True)
+        names = ", ".join(item.spec.name for item in rejected)
+        raise CommandFailed(
+            f"verification failed for {names}: fix the spec or its family's templates and run the build again "
+            "(--no-verify writes a module unverified)",
+            code=1,
+        )
+
+
+def _write(items: list[Any], out_dir: Path) -> list[Path]:
+    """Write each planned file whose text changed; the paths written."""
+    from layoutgen import codegen
+
     try:
-        written = [item.path for item in planned if codegen.write_if_changed(item.path, item.content)]
+        return [item.path for item in items if codegen.write_if_changed(item.path, item.content)]
     except OSError as error:
         raise bad_input(f"cannot write to {out_dir}: {error.strerror or error}") from error
-    say(f"{len(written)} written, {len(planned) - len(written)} unchanged in {out_dir}", wrap=False)
-    if verify:
-        verify_modules([item.path for item in planned if item.spec is not None])
 
 
-def verify_modules(paths: list[Path]) -> None:
+def _verify_staged(modules: list[Any]) -> list[Any]:
+    """Verify the text each module is about to get, imported from a fresh private temporary directory: a module
+    joins --out only once it passed, and what was verified is exactly the text written (never a module the
+    loader, which caches by path, imported from --out earlier in this process)."""
+    import tempfile
+
+    try:
+        staging = tempfile.TemporaryDirectory(prefix="layoutgen-build-")
+    except OSError as error:
+        raise bad_input(
+            f"cannot create a directory to verify the modules in, in {tempfile.gettempdir()} "
+            f"({error.strerror or error}); set TMPDIR to a writable directory, or pass --no-verify"
+        ) from None
+    with staging as directory:
+        paths = []
+        for item in modules:
+            path = Path(directory) / item.path.name
+            try:
+                path.write_text(item.content, encoding="utf-8")
+            except OSError as error:
+                raise bad_input(
+                    f"cannot write {path} to verify it ({error.strerror or error}); set TMPDIR to a directory "
+                    "with free space, or pass --no-verify"
+                ) from None
+            paths.append(path)
+        return verify_modules(paths)
+
+
+def _withdraw(item: Any) -> str:
+    """Make sure the output of a module that failed verification holds no module that failed: the same text
+    already there is removed, a different one (which this build did not verify) is kept.  What was done."""
+    from layoutgen import codegen
+
+    try:
+        removed = codegen.remove_if_unchanged(item.path, item.content)
+    except OSError as error:
+        reason = error.strerror or error
+        return f"{item.spec.name}: cannot remove {item.path}, which holds this failing module ({reason}); delete it"
+    if removed:
+        return f"{item.spec.name}: removed {item.path}, which held this failing module"
+    if os.path.lexists(item.path):
+        return f"{item.spec.name}: {item.path} not replaced: the module it held stays (not this spec's current one)"
+    return f"{item.spec.name}: {item.path} not written"
+
+
+def verify_modules(paths: list[Path]) -> list[Any]:
+    """Run each module against its family's torch reference and compile it offline; print a table per module
+    and each failure, and return the reports."""
     import torch
 
     if not torch.cuda.is_available():
@@ -127,29 +199,23 @@ def verify_modules(paths: list[Path]) -> None:
     from layoutgen.loader import load_path
 
     where = f"{device}{', Triton interpreter' if device == 'cpu' else ''}"
-    # Importing a module would write __pycache__/ next to it: `build --out D` writes D/<name>.py and nothing else.
-    write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
-    try:
-        reports = []
-        for path in paths:
-            with warnings.catch_warnings():
-                # The interpreter's numpy log(0) for all-empty rows is the contract (-inf), not a fault.
-                warnings.simplefilter("ignore", RuntimeWarning)
-                module = load_path(path)
-                reports.append(get_family(module.SPEC.family).verify(module, device))
-    finally:
-        sys.dont_write_bytecode = write_bytecode
+    say(f"verifying against each family's torch reference ({where}):")
+    reports = []
+    for path in paths:
+        with warnings.catch_warnings():
+            # The interpreter's numpy log(0) for all-empty rows is the contract (-inf), not a fault.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            module = load_path(path)
+            reports.append(get_family(module.SPEC.family).verify(module, device))
     reports = _with_offline_compiles(paths, reports)
-    say(f"verified against each family's torch reference ({where}):")
     kernel_width = max((len(check.kernel) for report in reports for check in report.checks), default=0)
     for report in reports:
         say(report.spec_name, "bold")
         console.print(checks_table(report, kernel_width))
     failed = [failure for report in reports for failure in report.failures]
-    if failed:
-        for failure in failed[:20]:
-            say(failure, "red", err=True)
-        raise CommandFailed(f"{len(failed)} verification failure(s)", code=1)
+    for failure in failed[:20]:
+        say(failure, "red", err=True)
+    return reports
 
 
 def _with_offline_compiles(paths: list[Path], reports: list[Any]) -> list[Any]:

@@ -10,16 +10,22 @@ Trial outcomes (user attribute `result["outcome"]`): measured, compile_failed, l
 gate_failed (these are "evaluated" and count toward the budget), repeat (a copy of an evaluated twin),
 infeasible (pruned before any compile), surplus (another worker claimed the last of the budget first),
 interrupted (Ctrl-C or a dead worker; the config is tried again on the next run).
+
+A study's decision is claimed the same way, so that of the workers that find its search complete at once
+exactly one re-times the finalists and stores the decision (`FinalizeClaim`); the others wait for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 EVALUATED = ("measured", "compile_failed", "launch_failed", "gate_failed")
@@ -29,7 +35,9 @@ STALE_AFTER_S = 900.0
 #: still unclaimed after this long was asked by a worker interrupted in between (Ctrl-C), so a re-run
 #: need not wait a minute to take it over.
 UNCLAIMED_STALE_AFTER_S = 10.0
-#: Minimum gain over the default, as a fraction, for a winner to be written (timing noise floor).
+#: How often a worker waiting for the decision another worker is making looks again (a decision re-times a
+#: few configs: seconds).
+FINALIZE_POLL_S = 0.2
 
 
 def worker_id() -> str:
@@ -74,6 +82,12 @@ def is_stale(trial: FrozenTrial, now: float | None = None) -> bool:
     if not claim:
         started = trial.datetime_start.timestamp() if trial.datetime_start else now
         return now - started > UNCLAIMED_STALE_AFTER_S
+    return _worker_gone(claim, now)
+
+
+def _worker_gone(claim: Mapping[str, Any], now: float) -> bool:
+    """Whether the worker of a claim ({"worker": host:pid, "at": time}) is gone: a dead process on this
+    host, or a claim older than STALE_AFTER_S (another host)."""
     host, _, pid = str(claim.get("worker", "")).rpartition(":")
     if host == socket.gethostname() and pid.isdigit():
         return int(pid) != os.getpid() and not _pid_alive(int(pid))
@@ -91,3 +105,72 @@ def fail_trial(study: optuna.Study, number: int, outcome: str, reason: str, conf
     handle = trial_handle(study, number)
     handle.set_user_attr("result", {"outcome": outcome, "reason": reason, "config": config})
     study.tell(handle, state=TrialState.FAIL, skip_if_finished=True)
+
+
+class FinalizeClaim:
+    """One worker's claim on deciding one study, held in the study storage itself.
+
+    A claim is a study named `<study>|finalizing|<attempt>`: Optuna refuses to create a study whose name is
+    taken, atomically in every storage (a journal's records have one order, a database a unique index), so of
+    workers creating the same attempt exactly one succeeds.  A lock file would serialise only the workers of
+    one host, and studies are shared between hosts (PostgreSQL).  A claim whose worker is gone (`is_stale`'s
+    rules) is superseded by the next attempt; the holder removes every attempt up to its own once the
+    decision is stored or it gives up, so a finished study leaves no claim behind.
+    """
+
+    def __init__(self, storage: Any, study: str, worker: str) -> None:
+        self.storage = storage
+        self.study = study
+        self.worker = worker
+        self.held: int | None = None
+        #: When this worker first saw an attempt without its holder (a claim created, its holder not yet
+        #: written): a holder killed in between leaves it so, and it is gone after UNCLAIMED_STALE_AFTER_S.
+        self._unclaimed_since: dict[int, float] = {}
+
+    def name(self, attempt: int) -> str:
+        return f"{self.study}|finalizing|{attempt}"
+
+    def acquire(self) -> bool:
+        """Take the claim: True when this worker holds it now, False while another worker's is live."""
+        attempt = 0
+        while self._study_id(attempt) is not None:
+            attempt += 1
+        if attempt and not self._holder_gone(attempt - 1):
+            return False
+        try:
+            study_id = self.storage.create_new_study([StudyDirection.MINIMIZE], self.name(attempt))
+        except optuna.exceptions.DuplicatedStudyError:
+            return False  # another worker created this attempt first
+        self.held = attempt
+        self.storage.set_study_user_attr(study_id, "claim", {"worker": self.worker, "at": time.time()})
+        return True
+
+    def release(self) -> None:
+        """Remove this worker's claim and the attempts it superseded."""
+        if self.held is None:
+            return
+        for attempt in range(self.held + 1):
+            study_id = self._study_id(attempt)
+            if study_id is not None:
+                with contextlib.suppress(KeyError):  # removed meanwhile by a worker that superseded it too
+                    self.storage.delete_study(study_id)
+        self.held = None
+
+    def _study_id(self, attempt: int) -> int | None:
+        try:
+            return int(self.storage.get_study_id_from_name(self.name(attempt)))
+        except KeyError:
+            return None
+
+    def _holder_gone(self, attempt: int) -> bool:
+        study_id = self._study_id(attempt)
+        if study_id is None:
+            return False  # released just now: the caller looks again
+        try:
+            claim = self.storage.get_study_user_attrs(study_id).get("claim")
+        except KeyError:
+            return False
+        now = time.time()
+        if not claim:
+            return now - self._unclaimed_since.setdefault(attempt, now) > UNCLAIMED_STALE_AFTER_S
+        return _worker_gone(claim, now)

@@ -21,7 +21,17 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from layoutgen.config import LaunchConfig
-from layoutgen.tuning.claims import EVALUATED, claim_order, fail_trial, is_stale, outcome_of, params_key, result_of
+from layoutgen.tuning.claims import (
+    EVALUATED,
+    FINALIZE_POLL_S,
+    FinalizeClaim,
+    claim_order,
+    fail_trial,
+    is_stale,
+    outcome_of,
+    params_key,
+    result_of,
+)
 from layoutgen.tuning.compile import CompileError
 from layoutgen.tuning.context import Context
 from layoutgen.tuning.decision import decide
@@ -287,8 +297,6 @@ class BucketSearch:
         self.deferred.clear()
 
     # -- finalize --------------------------------------------------------------------------------
-
-    # -- finalize
     def finalizable(self) -> bool:
         trials = self.trials()
         # A neighbour's offer may still wait in a TPE study whose budget is spent: it does not hold up the end.
@@ -299,9 +307,29 @@ class BucketSearch:
             and not self.is_final()
         )
 
-    def finalize(self) -> dict[str, Any]:
-        """Re-time the finalists and the default together; decide what the database gets."""
-        return decide(self)
+    def finalize(self) -> dict[str, Any] | None:
+        """Re-time the finalists and the default together and decide what the database gets, unless another
+        worker does: workers sharing the study may find it finalizable at the same moment, and of them only the
+        one holding its claim decides; the others wait for that decision.  Returns the study's decision (None:
+        the study takes more trials, e.g. a run asking for more began meanwhile)."""
+        claim = FinalizeClaim(self.ctx.storage, self.name, self.ctx.worker)
+        while not claim.acquire():
+            final = self.study.user_attrs.get("final")
+            if final:
+                self.report(done=True)
+                return dict(final)
+            time.sleep(FINALIZE_POLL_S)
+        try:
+            # Again under the claim: another worker may have stored the decision since this one looked.
+            final = decide(self) if self.finalizable() else self.study.user_attrs.get("final")
+        except BaseException:
+            with contextlib.suppress(Exception):  # the storage may be what failed: the claim goes stale with us
+                claim.release()
+            raise
+        claim.release()
+        if final:
+            self.report(done=True)
+        return final
 
 
 def search_family(ctx: Context, target: Target, buckets: list[int], deadline: float | None = None) -> None:
