@@ -64,8 +64,13 @@
 #                                               fp8tune's database and the chunked pack's new defaults
 #   bash benchmarks/gpu_session.sh fp8fill OUT    the vllm_a2a_fp8 studies fp8tune's limits cut (pack and combine at H 16 /
 #                                               D 512 and H 32 / D 128), bench_dcp_v2.py, the dispatch check
-#   bash benchmarks/gpu_session.sh chunkprefetch OUT (not run yet) the chunked pack's first pass prefetching the next
-#                                               chunk (archive/probe_chunk_prefetch.diff) against the committed form
+#   bash benchmarks/gpu_session.sh fp8probe OUT  (tenth pass) probe_fp8_transpose.py: the transposing fp8 packs over a
+#                                               grid of boxes, then ncu on three defaults (the pass also timed the
+#                                               chunk prefetch, archive/probe_chunk_prefetch.diff, now in the template)
+#   bash benchmarks/gpu_session.sh fp8nt OUT     spec 7 with its codes stored along dim (no transpose; wrong bytes, timed
+#                                               unchecked: archive/probe_fp8_nt.diff), and ncu's pipes and instructions
+#   bash benchmarks/gpu_session.sh tenth OUT     the fp8 GPU tests and bench_unseen_specs.py after the chunk prefetch
+#   bash benchmarks/gpu_session.sh words OUT     the batch-innermost fp8 pack's 32-bit words: GPU tests, spec 7's grid, unseen
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -404,25 +409,45 @@ chunkbench)
     timeout 230 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -4
     timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
     ;;
-chunkprefetch)
-    # Not run yet (for the next session): the chunked fp8 pack's first pass loading the next chunk before it
-    # reduces the current one (archive/probe_chunk_prefetch.diff, interpreter-tested) against the committed form,
-    # on the two transposing fp8 specs: the tuner on each form, B 64 and 1024, databases of their own.
-    unseen_fp8_specs "$out/unseen_specs"
-    rm -rf /tmp/variant && mkdir -p /tmp/variant && cp -r layoutgen /tmp/variant/ \
-        && patch -s -p1 -d /tmp/variant < benchmarks/results/archive/probe_chunk_prefetch.diff
-    local_specs=(--spec "$out/unseen_specs/unseen_dcp_01.yaml" --spec "$out/unseen_specs/unseen_dcp_07.yaml")
-    python3 -m layoutgen.cli build "${local_specs[@]}" --out "$out/committed" --no-verify | tail -1
-    PYTHONPATH=/tmp/variant:$PYTHONPATH python3 -m layoutgen.cli build "${local_specs[@]}" --out "$out/prefetch" \
-        --no-verify | tail -1
-    if cmp -s "$out/committed/unseen_dcp_01.py" "$out/prefetch/unseen_dcp_01.py"; then
-        echo "the variant rendered as the committed form (an installed layoutgen ahead of /tmp/variant?)"
-        exit 1
-    fi
-    for form in committed prefetch; do
-        timeout 120 python3 -m layoutgen.cli tune --spec "$out/$form"/unseen_dcp_*.py --kernel pack --shape N=8 \
-            --shape H=128 --shape D=512 --bucket 64 1024 --db "$out/db_$form" --report "$out/tune_$form.md" 2>&1 | tail -1
+fp8probe)
+    which ncu && ncu --version | tail -1
+    timeout 260 python3 benchmarks/probe_fp8_transpose.py --out "$out" --label committed 2>&1 | tail -8
+    for target in unseen_dcp_07:1024:1,64,1,64,4 unseen_dcp_07_bf16:1024:1,64,1,64,4 unseen_dcp_01:1024:1,1,16,128,4; do
+        timeout 60 ncu --clock-control none -k regex:_pack_kernel -c 1 --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+            python3 benchmarks/probe_fp8_transpose.py --out /tmp/ncu --ncu "$target" > "$out/ncu_${target%%:*}.txt" 2>&1
+        grep -E "DRAM Throughput|Memory Throughput|Duration|Registers|Achieved Occupancy|L2 Hit" "$out/ncu_${target%%:*}.txt" | head -12
     done
+    ;;
+fp8nt)
+    # The upper bound of a pack that did not transpose its codes: spec 7's module with the codes stored along dim
+    # (archive/probe_fp8_nt.diff: wrong bytes, the same count), timed without the check; then ncu's pipe and
+    # instruction view of the default.
+    (cd benchmarks && python3 -c "
+import pathlib, probe_fp8_transpose as probe
+from bench_unseen_specs import render
+render(probe.specs()['unseen_dcp_07'], pathlib.Path('$out/nt'))")
+    patch -s -p1 -d "$out/nt" < benchmarks/results/archive/probe_fp8_nt.diff
+    timeout 200 python3 benchmarks/probe_fp8_transpose.py --out "$out" --label nt --only unseen_dcp_07 --points 1024 \
+        --modules "$out/nt" --no-check 2>&1 | tail -2
+    timeout 90 ncu --clock-control none -k regex:_pack_kernel -c 1 --section ComputeWorkloadAnalysis \
+        --section InstructionStats --section WarpStateStats --section SourceCounters \
+        python3 benchmarks/probe_fp8_transpose.py --out /tmp/ncu --ncu unseen_dcp_07:1024:1,64,1,64,4 > "$out/ncu_pipes_07.txt" 2>&1
+    tail -5 "$out/ncu_pipes_07.txt"
+    ;;
+tenth)
+    # After the chunk prefetch landed in the template: the fp8 GPU tests of the chunked form, every unseen spec.
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py 2>&1 \
+        | tee "$out/gpu_tests_fp8.log" | tail -3
+    timeout 300 python3 benchmarks/bench_unseen_specs.py --out "$out" 2>&1 | tail -8
+    ;;
+words)
+    # The batch-innermost pack storing four rows' codes per 32-bit word: its GPU tests, spec 7 over the probe's
+    # grid, then bench_unseen_specs.py's DCP half.
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py -k "words or chunks" 2>&1 \
+        | tee "$out/gpu_tests_words.log" | tail -2
+    timeout 130 python3 benchmarks/probe_fp8_transpose.py --out "$out" --label words --only unseen_dcp_07 2>&1 | tail -2
+    timeout 130 python3 benchmarks/bench_unseen_specs.py --dcp 12 --ulysses 0 --out "$out" 2>&1 | tail -3
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

@@ -27,6 +27,7 @@ from layoutgen.dcp import quant, reference
 from layoutgen.dcp.config import PackConfig
 from layoutgen.dcp.layout import LSE_BYTES, LayoutBuffers, row_length, stats_words, wire_dtype
 from layoutgen.dcp.spec import PAYLOAD_AXES, SCALE_AXES, STATS_AXES, DcpSpec
+from layoutgen.runtime.launch import Recorder
 
 pytestmark = requires_interpreter
 
@@ -140,9 +141,10 @@ def awkward_out(spec: DcpSpec, B: int, H: int, D: int, dtype: torch.dtype, gener
 
 def pack_case(
     module: Any, N: int, B: int, h: int, D: int, dtype: torch.dtype, generator: torch.Generator, form: str, mask: str,
-    config: Any = None,
+    config: Any = None, B_max: int | None = None,
 ) -> None:  # fmt: skip
-    """One pack, kernel against the reference and against the schema text."""
+    """One pack, kernel against the reference and against the schema text (buffers of B_max rows, B + 1 unless
+    given)."""
     spec = module.SPEC
     H = N * h
     out = awkward_out(spec, B, H, D, dtype, generator)
@@ -152,7 +154,7 @@ def pack_case(
         mask
     ]
     masked = torch.zeros(B, dtype=torch.bool) if empty is None else empty
-    B_max = B + 1
+    B_max = B + 1 if B_max is None else B_max
     ours = filled(module.alloc(N, B_max, H, D, dtype))
     theirs = filled(LayoutBuffers.allocate(spec, N, B_max, H, D, dtype))
     if form == "lse":
@@ -236,6 +238,48 @@ def test_transposing_fp8_packs_split_scale_blocks_into_chunks(
         assert block_dim < (block or D)  # the chunked path, not one pass
         for form, mask in (("lse", "some"), ("max_sum", "none")):
             pack_case(module, 3, 5, 3, D, torch.bfloat16, generator, form, mask, config)
+
+
+@pytest.mark.parametrize(
+    ("axes", "stats_axes"),
+    [
+        (["peer", "head", "dim", "batch"], ["peer", "head", "slot", "batch"]),
+        (["dim", "peer", "head", "batch"], ["peer", "batch", "head", "slot"]),
+    ],
+    ids=["peer-head-dim-batch", "dim-peer-head-batch"],
+)
+def test_batch_innermost_fp8_packs_store_codes_four_rows_to_a_word(
+    axes: list[str], stats_axes: list[str], generator: torch.Generator, tmp_path_factory: Any
+) -> None:
+    """batch innermost, one pass, a capacity of whole words: the codes of rows 4i .. 4i + 3 go out as one 32-bit
+    word (`WORDS`), and a last tile that is not whole byte by byte.  Whole tiles and a partial last one (B 8 and
+    B 13 in tiles of 4 and 8), a capacity that is not whole words (B_max 13: the byte path), masked rows, both
+    stats forms, scales with batch innermost or not, a block wider than one tile's dims and narrower."""
+    for scale_block, scale_axes in (
+        (16, ["peer", "head", "block", "batch"]),
+        (None, ["peer", "head", "batch", "block"]),
+    ):
+        payload: dict[str, Any] = {"axes": axes, "dtype": "float8_e5m2", "scale_axes": scale_axes}
+        if scale_block:
+            payload["scale_block"] = scale_block
+        spec = make_spec(
+            name="words_fp8",
+            transport="external",
+            payload=payload,
+            stats={"placement": "separate", "axes": stats_axes},
+        )
+        module = render_module(spec, tmp_path_factory.mktemp("words"))
+        D = 32
+        for block_batch, B, B_max, block_dim in ((4, 8, 8, 32), (8, 13, 16, 32), (4, 13, 13, 32), (8, 5, 8, 64)):
+            config = PackConfig(block_peer=2, block_batch=block_batch, block_head=2, block_dim=block_dim, num_warps=1)
+            recorder = Recorder()
+            bufs = module.alloc(3, B_max, 9, D, torch.bfloat16)
+            module._launch_pack(
+                torch.randn(B, 9, D).to(torch.bfloat16), torch.randn(B, 9), bufs, B, config, False, kernel=recorder
+            )
+            assert recorder.calls[0][2]["WORDS"] is (B_max % 4 == 0), (config, B_max)
+            for form, mask in (("lse", "some"), ("max_sum", "none")):
+                pack_case(module, 3, B, 3, D, torch.bfloat16, generator, form, mask, config, B_max=B_max)
 
 
 def test_a_tile_that_splits_a_scale_block_is_refused(generator: torch.Generator) -> None:

@@ -159,7 +159,19 @@ def fp8_context(spec: DcpSpec, payload_stride: dict[str, str]) -> dict[str, obje
         "amax_shape": ", ".join("1" if axis == "lane" else _TILE_BLOCK[axis] for axis in tile_axes),
         # One chunk of SCALE_LANES elements along the destination's dim axis.
         "chunk_step": "SCALE_LANES" if payload_stride["dim"] == "1" else "SCALE_LANES * payload_stride_dim",
+        # batch innermost: the pack may store four rows' codes as one 32-bit word (`WORDS`), its tile split into
+        # four sub-tiles of rows 4i + k (`rows_5d`); every other axis's stride is then a multiple of 4 bytes.
+        "fp8_words": payload_axes[-1] == "batch",
     }
+    if context["fp8_words"]:
+        word_terms = [
+            "batch_word_5d" if axis == "batch" else f"{in_tile[axis]} * (payload_stride_{axis} // 4)"
+            for axis in payload_axes
+        ]
+        context["fp8_word_offset5"] = wrap_sum(" + ".join(word_terms), 8)
+        context["fp8_payload_rows_offset5"] = wrap_sum(
+            offset_sum(payload_axes, payload_stride, "payload", {**in_tile, "batch": "rows_5d"}), 12
+        )
     if spec.row_tail:
         # dim is innermost (validated), so element HEAD_DIM of a row is its first tail byte: the stats words, then
         # one float32 scale per block.
@@ -180,6 +192,10 @@ def fp8_context(spec: DcpSpec, payload_stride: dict[str, str]) -> dict[str, obje
         names5 = {**rows5, "block": "block_5d"}
         names4 = {"peer": "peer", **rows4, "block": "block_4d"}
         context["scale_pointer5"] = "scales_ptr + " + offset_sum(scale_axes, strides, "scales", names5)
+        context["scale_rows_pointer5"] = "scales_ptr + " + offset_sum(
+            scale_axes, strides, "scales", {**names5, "batch": "rows_5d"}
+        )
+        context["scale_batch_step"] = "" if strides["batch"] == "1" else " * scales_stride_batch"
         context["scale_pointer4"] = "scales_ptr + " + offset_sum(scale_axes, strides, "scales", names4)
         context["scales_desc"] = f"scales [{', '.join(scale_axes)}], float32"
         context["scale_axes"], context["scale_stride"] = scale_axes, strides

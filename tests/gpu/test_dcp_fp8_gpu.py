@@ -122,9 +122,11 @@ def awkward_rows(spec: Any, B: int, generator: torch.Generator, *, H: int = H, D
     return out
 
 
-def reference_bytes(spec: Any, out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor | None) -> LayoutBuffers:
+def reference_bytes(
+    spec: Any, out: torch.Tensor, lse: torch.Tensor, empty: torch.Tensor | None, capacity: int | None = None
+) -> LayoutBuffers:
     B, heads, width = out.shape
-    want = fill_bytes(LayoutBuffers.allocate(spec, N, B, heads, width, out.dtype, "cpu"))
+    want = fill_bytes(LayoutBuffers.allocate(spec, N, capacity or B, heads, width, out.dtype, "cpu"))
     reference.pack(out.cpu(), lse.cpu(), want, empty=None if empty is None else empty.cpu())
     return want
 
@@ -167,16 +169,17 @@ def test_fp8_pack_is_byte_exact_on_the_gpu(spec_name: str, dtype: torch.dtype, m
 
 
 def check_masked_packs(
-    module: ModuleType, B: int, heads: int, width: int, configs: list[Any], generator: torch.Generator
-) -> None:
+    module: ModuleType, B: int, heads: int, width: int, configs: list[Any], generator: torch.Generator,
+    capacity: int | None = None,
+) -> None:  # fmt: skip
     """bf16 awkward rows [B, heads, width], a quarter of the requests empty, packed with each config into
-    canary-filled buffers: byte for byte the reference's."""
+    canary-filled buffers of `capacity` rows (B unless given): byte for byte the reference's."""
     out = awkward_rows(module.SPEC, B, generator, H=heads, D=width).to(torch.bfloat16)
     lse = torch.randn(B, heads, generator=generator) * 4
     empty = torch.rand(B, generator=generator) < 0.25
-    want = reference_bytes(module.SPEC, out, lse, empty)
+    want = reference_bytes(module.SPEC, out, lse, empty, capacity)
     for config in configs:
-        bufs = fill_bytes(module.alloc(N, B, heads, width, torch.bfloat16, "cuda"))
+        bufs = fill_bytes(module.alloc(N, capacity or B, heads, width, torch.bfloat16, "cuda"))
         module.pack(out.cuda(), lse.cuda(), bufs, empty=empty.cuda(), config=config)
         torch.cuda.synchronize()
         assert_same_bytes(to_cpu(bufs), want, f"{module.SPEC.name} D={width} B={B} {config}")
@@ -198,6 +201,21 @@ def test_fp8_pack_is_byte_exact_at_the_mla_width(spec_name: str, modules: dict[s
         configs.append(PackConfig(block_peer=1, block_batch=2, block_head=2, block_dim=128, num_warps=4))
     for B in (1, 37, 256):
         check_masked_packs(module, B, heads, width, configs, generator)
+
+
+def test_fp8_pack_in_words_is_byte_exact_on_the_gpu(modules: dict[str, ModuleType]) -> None:
+    """batch innermost in one pass: four rows' codes per 32-bit word (whole tiles), byte by byte in a last tile
+    that is not whole, and a capacity that is not whole words (the byte path throughout)."""
+    module = modules["fp8_batch_inner"]
+    generator = torch.Generator().manual_seed(4)
+    configs = [
+        PackConfig(block_peer=1, block_batch=4, block_head=1, block_dim=64, num_warps=1),
+        PackConfig(block_peer=1, block_batch=16, block_head=2, block_dim=128, num_warps=4),
+        PackConfig(block_peer=2, block_batch=64, block_head=1, block_dim=64, num_warps=4),
+    ]
+    for width in (128, 512):
+        for B, capacity in ((64, 64), (37, 40), (37, 37), (1, 4)):
+            check_masked_packs(module, B, H, width, configs, generator, capacity)
 
 
 @pytest.mark.parametrize("spec_name", ["fp8_head_inner", "fp8_batch_inner"])
