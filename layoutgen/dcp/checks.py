@@ -129,6 +129,15 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
     for label, tensor in (("out", out), *named):
         if tensor.device != bufs.device:
             raise ValueError(f"{label} is on {tensor.device} but the buffers are on {bufs.device}")
+    if not torch.compiler.is_compiling():  # a traced tensor has no address: the op checks it when it runs
+        for label, tensor in (("out", out), *named):
+            for name, buffer in bufs.tensors.items():
+                if overlap(tensor, buffer):
+                    raise ValueError(
+                        f"{label} must not share memory with the buffers pack writes: it overlaps "
+                        f"bufs.tensors[{name!r}] ({describe(buffer)}); got {describe(tensor)}. Pack from a tensor "
+                        f"of its own (e.g. {label.split(' ')[0]}.clone())"
+                    )
     return batch
 
 

@@ -139,7 +139,7 @@ class Dispatcher:
             ]
         except (AttributeError, KeyError, TypeError):
             plan = None
-        if plan is None:  # planned outside the handler: a refusal does not read "during handling of KeyError"
+        if plan is None or plan.may_overlap((out, lse)):  # planned outside the handler, not "during handling of"
             plan = pack_plan.plan_pack(self, out, lse, bufs, config)
         direct = plan.direct
         if direct is not None:

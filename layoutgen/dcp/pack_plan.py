@@ -15,7 +15,7 @@ from layoutgen.dcp.config import PackConfig, check_pack_tile, default_pack_confi
 from layoutgen.dcp.plans import PackPlan, fit_grid
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import PLANS, plans_of
-from layoutgen.runtime.tensors import check_config, check_runnable, needs_int64
+from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, needs_int64
 
 
 def pack_key(owner: Any, out: Any, lse: Any, config: Any) -> tuple[Any, ...]:
@@ -55,6 +55,7 @@ def plan_pack(
         resolved = config
     check_pack_tile(spec, bufs.D, resolved)
     plan = PackPlan(batch, cast(PackConfig, resolved), needs_int64(*inputs, *bufs.tensors.values()))
+    plan.guard = OverlapGuard.of(bufs.tensors.values(), inputs, disjoint=False)
     plans_of(bufs)[key_of(owner, out, lse, config, empty, max_sum)] = plan
     return plan
 
@@ -80,7 +81,10 @@ def pack_v2(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: Any, 
         plan = bufs.__dict__[PLANS][pack_v2_key(owner, out, first, sums, empty, config)]
     except (AttributeError, KeyError, TypeError, ValueError):
         plan = None
-    if plan is None:  # planned outside the handler: a refusal does not read "during handling of KeyError"
+    if plan is None or plan.may_overlap(
+        (out, first, *(() if sums is None else (sums,)), *(() if empty is None else (empty,)))
+    ):
+        # Planned outside the handler: a refusal does not read "during handling of KeyError".
         plan = plan_pack(owner, out, lse, bufs, config, empty, max_sum)
         first, sums = (lse, None) if max_sum is None else max_sum
     tensors = (out, first, first if sums is None else sums, first if empty is None else empty, *bufs.tensors.values())

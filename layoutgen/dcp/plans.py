@@ -33,9 +33,17 @@ class PackPlan:
     batch: int
     config: PackConfig
     index_64: bool
+    # The overlap check of a call's inputs (out, lse or max and sum, empty) against the buffers pack writes, for
+    # later calls: their geometry is in the plan key, their addresses are not.
+    guard: OverlapGuard | None = None
     # Replays the recorded launch with a call's (out, lse, *buffers); None until recorded or when it can't be.
     direct: Callable[[tuple[Any, ...]], None] | None = None
     recorded: bool = False
+
+    def may_overlap(self, inputs: tuple[torch.Tensor, ...]) -> bool:
+        """Whether a call's inputs, in the planned order, may share memory with the buffers (then the call is
+        validated again, which says so)."""
+        return self.guard is not None and self.guard.may_overlap(inputs)
 
 
 @dataclass
