@@ -111,7 +111,8 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
         # chunks (`DcpSpec.fp8_chunks`).  The box grows from the destination's innermost axis outward after
         # taking its dims, the tuner's picks at N 8, B 1024, H 128, D 512 on the H200 (bench_unseen_specs.py's
         # seed-0 specs; tune_unseen_fp8_pack.md): batch innermost, 64 rows x 64 dims (76.4 µs against 94.0
-        # for 128 x 32 x 8 warps); head innermost, one scale per row: 16 heads x 128 dims, 4 chunks (92.7 µs
+        # for 128 x 32 x 8 warps; 74.7 since its codes go out four rows per word, still the best 4-warp box of
+        # 45 in probe_fp8_transpose.py); head innermost, one scale per row: 16 heads x 128 dims, 4 chunks (92.7 µs
         # against 150.0 for 128 heads x 32 dims, whose two passes over 128 KiB per program missed the L2;
         # a box of whole rows, 8 heads x 512, took 133).
         extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": block_dim}
