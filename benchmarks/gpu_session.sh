@@ -71,6 +71,7 @@
 #                                               unchecked: archive/probe_fp8_nt.diff), and ncu's pipes and instructions
 #   bash benchmarks/gpu_session.sh tenth OUT     the fp8 GPU tests and bench_unseen_specs.py after the chunk prefetch
 #   bash benchmarks/gpu_session.sh words OUT     the batch-innermost fp8 pack's 32-bit words: GPU tests, spec 7's grid, unseen
+#   bash benchmarks/gpu_session.sh maxnreg OUT   (not run yet) the transposing fp8 packs under ptxas register caps 64-80
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -448,6 +449,14 @@ words)
         | tee "$out/gpu_tests_words.log" | tail -2
     timeout 130 python3 benchmarks/probe_fp8_transpose.py --out "$out" --label words --only unseen_dcp_07 2>&1 | tail -2
     timeout 130 python3 benchmarks/bench_unseen_specs.py --dcp 12 --ulysses 0 --out "$out" 2>&1 | tail -3
+    ;;
+maxnreg)
+    # (Not run yet.) ptxas's register cap on the transposing fp8 packs: offline (sm_90) spec 7's default box
+    # fits 64 registers instead of 96 with no spills (5 -> 8 programs per SM), spec 1's 64 instead of 72.
+    timeout 300 python3 benchmarks/probe_fp8_transpose.py --out "$out" --label maxnreg \
+        --only unseen_dcp_07,unseen_dcp_01 --maxnreg 0,64,72,80 \
+        --box unseen_dcp_07:1,64,1,64,2 --box unseen_dcp_07:1,32,1,128,4 --box unseen_dcp_07:1,64,1,128,4 \
+        --box unseen_dcp_07:1,64,1,64,8 --box unseen_dcp_01:1,1,16,128,8 --box unseen_dcp_01:1,1,16,512,8 2>&1 | tail -4
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

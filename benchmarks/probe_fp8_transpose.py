@@ -14,7 +14,10 @@ running this again with `PYTHONPATH=<variant>:$PYTHONPATH` and another `--label`
 `--ncu SPEC:B:peer,batch,head,dim,warps` launches that one config three times and exits (for `ncu -k
 regex:_pack_kernel`).
 
+`--maxnreg 0,64,80` times every box also under ptxas's register caps (Triton's `maxnreg` launch option).
+
 Usage (GPU): python benchmarks/probe_fp8_transpose.py --out DIR [--label committed] [--points 64,1024]
+             [--only SPEC,...] [--box SPEC:PEER,BATCH,HEAD,DIM,WARPS ...] [--maxnreg 0,64,...]
 """
 
 from __future__ import annotations
@@ -80,13 +83,31 @@ def specs() -> dict[str, Any]:
     return parsed
 
 
+class WithMaxnreg:
+    """Stands in for the module's pack kernel: `kernel[grid](...)` with Triton's `maxnreg` launch option added
+    (ptxas's register cap; offline, spec 7's 64 x 64 x 4-warp box fits 64 registers instead of 96 with no
+    spills, which would let 8 programs share an SM instead of 5)."""
+
+    def __init__(self, kernel: Any, maxnreg: int) -> None:
+        self.kernel, self.maxnreg = kernel, maxnreg
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: self.kernel[grid](*args, maxnreg=self.maxnreg, **kwargs)
+
+
 def config_of(box: tuple[int, int, int, int, int]) -> PackConfig:
     peer, batch, head, dim, warps = box
     return PackConfig(block_peer=peer, block_batch=batch, block_head=head, block_dim=dim, num_warps=warps)
 
 
 def measure(
-    bench: Bench, ceiling: CopyCeiling, module: Any, B: int, configs: list[PackConfig], check: bool = True
+    bench: Bench,
+    ceiling: CopyCeiling,
+    module: Any,
+    B: int,
+    configs: list[PackConfig],
+    check: bool = True,
+    maxnregs: tuple[int, ...] = (0,),
 ) -> list[dict]:
     nbytes = bench.bytes_moved(module, "pack", N, H, D, B)
     sets = bench.sets(nbytes)
@@ -98,23 +119,31 @@ def measure(
     copy_us = ceiling.us(nbytes, sets)
     rows = []
     for config in configs:
-        row: dict[str, Any] = {"B": B, "config": config.as_dict(), "bytes": nbytes, "copy_us": copy_us}
-        try:
-            _filled(bufs[0])
-            module.pack(outs[0], lses[0], bufs[0], config=config)
-            if check and not _same(bufs[0], expected):
-                raise AssertionError("differs from the reference")
+        for maxnreg in maxnregs:
+            row: dict[str, Any] = {"B": B, "config": config.as_dict(), "bytes": nbytes, "copy_us": copy_us}
+            if maxnreg:
+                row["maxnreg"] = maxnreg
+            kernel = WithMaxnreg(module._pack_kernel, maxnreg) if maxnreg else None
 
-            def run(i: int, config: PackConfig = config) -> None:
-                module.pack(outs[i], lses[i], bufs[i], config=config)
+            def pack(i: int, config: PackConfig = config, kernel: Any = kernel) -> None:
+                if kernel is None:
+                    module.pack(outs[i], lses[i], bufs[i], config=config)
+                else:
+                    module._launch_pack(outs[i], lses[i], bufs[i], B, config, False, kernel=kernel)
 
-            row["us"] = bench.time(run, sets, nbytes)["us"]
-            row["of_copy"] = copy_us / row["us"]
-            print(f"  B {B} {config.as_dict()}: {row['us']:.2f} µs, {row['of_copy']:.0%} of copy", flush=True)
-        except Exception as error:  # a box the launcher refuses or a wrong result: reported, never timed
-            row["error"] = f"{type(error).__name__}: {error}"
-            print(f"  B {B} {config.as_dict()}: {row['error']}", flush=True)
-        rows.append(row)
+            label = f"B {B} {config.as_dict()}{f' maxnreg {maxnreg}' if maxnreg else ''}"
+            try:
+                _filled(bufs[0])
+                pack(0)
+                if check and not _same(bufs[0], expected):
+                    raise AssertionError("differs from the reference")
+                row["us"] = bench.time(pack, sets, nbytes)["us"]
+                row["of_copy"] = copy_us / row["us"]
+                print(f"  {label}: {row['us']:.2f} µs, {row['of_copy']:.0%} of copy", flush=True)
+            except Exception as error:  # a box the launcher refuses or a wrong result: reported, never timed
+                row["error"] = f"{type(error).__name__}: {error}"
+                print(f"  {label}: {row['error']}", flush=True)
+            rows.append(row)
     return rows
 
 
@@ -126,6 +155,14 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated spec names to time (default: all four)")
     parser.add_argument("--modules", type=Path, default=None, help="load <spec>.py from here instead of rendering")
     parser.add_argument("--no-check", action="store_true", help="time without the byte check (a probe's variant)")
+    parser.add_argument("--maxnreg", default="0", help="comma-separated register caps to time each box with (0: none)")
+    parser.add_argument(
+        "--box",
+        action="append",
+        default=None,
+        metavar="SPEC:PEER,BATCH,HEAD,DIM,WARPS",
+        help="time these boxes (beside the default) instead of SPEC's grid (repeatable)",
+    )
     parser.add_argument("--ncu", default=None)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -170,8 +207,15 @@ def main() -> int:
                 )
                 # The bf16 twins: their default only (the transposing store's cost without the quantisation).
                 boxes = grid if module.SPEC.fp8 else []
+                if args.box:
+                    boxes = [
+                        tuple(int(v) for v in box.split(":")[1].split(","))
+                        for box in args.box
+                        if box.split(":")[0] == name
+                    ]
                 configs = [default] + [config_of(box) for box in boxes if config_of(box) != default]
-                measured = measure(bench, ceiling, module, B, configs, check=not args.no_check)
+                maxnregs = tuple(int(value) for value in args.maxnreg.split(","))
+                measured = measure(bench, ceiling, module, B, configs, check=not args.no_check, maxnregs=maxnregs)
                 measured[0]["default"] = True
                 rows += measured
                 torch.cuda.empty_cache()
