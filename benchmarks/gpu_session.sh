@@ -72,6 +72,7 @@
 #   bash benchmarks/gpu_session.sh tenth OUT     the fp8 GPU tests and bench_unseen_specs.py after the chunk prefetch
 #   bash benchmarks/gpu_session.sh words OUT     the batch-innermost fp8 pack's 32-bit words: GPU tests, spec 7's grid, unseen
 #   bash benchmarks/gpu_session.sh maxnreg OUT   (not run yet) the transposing fp8 packs under ptxas register caps 64-80
+#   bash benchmarks/gpu_session.sh capmask OUT   (not run yet) batch-innermost combines with capacity-bounded loads
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -457,6 +458,18 @@ maxnreg)
         --only unseen_dcp_07,unseen_dcp_01 --maxnreg 0,64,72,80 \
         --box unseen_dcp_07:1,64,1,64,2 --box unseen_dcp_07:1,32,1,128,4 --box unseen_dcp_07:1,64,1,128,4 \
         --box unseen_dcp_07:1,64,1,64,8 --box unseen_dcp_01:1,1,16,128,8 --box unseen_dcp_01:1,1,16,512,8 2>&1 | tail -4
+    ;;
+capmask)
+    # (Not run yet.) combine where batch is innermost, its loads bounded by the capacity instead of the live
+    # batch (archive/probe_combine_capacity_bound.diff; offline the float32 and fp8 wires' default boxes go from
+    # 264 scalar / 256 byte loads with 80 / 42 spills to 16-byte loads and none): bench_unseen_specs.py's DCP
+    # half with it (every kernel checked against the reference first), then the fp8 GPU combine tests with it.
+    rm -rf /tmp/variant && mkdir -p /tmp/variant && cp -r layoutgen /tmp/variant/ \
+        && patch -s -p1 -d /tmp/variant < benchmarks/results/archive/probe_combine_capacity_bound.diff
+    PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 benchmarks/bench_unseen_specs.py --dcp 12 --ulysses 0 \
+        --out "$out/capmask" 2>&1 | tail -3
+    PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py \
+        -k combine tests/gpu/test_dcp_v2_gpu.py 2>&1 | tee "$out/gpu_tests_capmask.log" | tail -2
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.
