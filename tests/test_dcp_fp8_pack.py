@@ -280,6 +280,18 @@ def test_batch_innermost_fp8_packs_store_codes_four_rows_to_a_word(
             assert recorder.calls[0][2]["WORDS"] is (B_max % 4 == 0), (config, B_max)
             for form, mask in (("lse", "some"), ("max_sum", "none")):
                 pack_case(module, 3, B, 3, D, torch.bfloat16, generator, form, mask, config, B_max=B_max)
+        # Rows of T tokens per request (R 3 x T 4: row 4i + k is token k of a request, request i), from strided
+        # views, a request empty: the sub-tiles' row arithmetic.
+        R, T, heads = 3, 4, 9
+        out = torch.randn(R, T, 2 * heads, D, generator=generator).to(torch.bfloat16)[:, :, ::2]
+        lse = (torch.randn(R, T, 2 * heads, generator=generator) * 4)[:, :, ::2]
+        empty = torch.tensor([False, True, False])
+        config = PackConfig(block_peer=1, block_batch=8, block_head=1, block_dim=32, num_warps=1)
+        ours = filled(module.alloc(3, R * T, heads, D, torch.bfloat16))
+        theirs = filled(LayoutBuffers.allocate(spec, 3, R * T, heads, D, torch.bfloat16))
+        module.pack(out, lse, ours, empty=empty, config=config)
+        reference.pack(out, lse, theirs, empty=empty)
+        assert_bytes(flat(ours), flat(theirs), f"{spec.name} R={R} T={T} strided (kernel vs reference)")
 
 
 def test_a_tile_that_splits_a_scale_block_is_refused(generator: torch.Generator) -> None:

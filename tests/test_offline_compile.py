@@ -9,6 +9,9 @@ heuristic default config, at a small odd shape (32-bit offsets) and one past 2**
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +82,37 @@ def test_fp8_packs_that_walk_scale_blocks_in_chunks_compile_with_32_and_64_bit_o
     result = compile_offline_in_subprocess(paths)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == len(paths) * 2 * 2
+
+
+def test_fp8_packs_that_store_words_compile_with_32_and_64_bit_offsets(tmp_path: Path) -> None:
+    """The word path of a batch-innermost fp8 pack (one pass, 64 rows: `WORDS`) compiles to 16-byte stores at
+    B 1024 and at B 32784 (element offsets past 2^31: int64 row arithmetic)."""
+    spec = make_spec(
+        name="words_batch",
+        transport="external",
+        payload={"axes": ["peer", "head", "dim", "batch"], "dtype": "float8_e4m3fn", "scale_block": 16},
+        stats={"placement": "separate", "axes": ["peer", "head", "slot", "batch"]},
+    )
+    path = render_module(spec, tmp_path).__file__
+    script = (
+        "import sys, pathlib, torch\n"
+        "from layoutgen.loader import load_path\n"
+        "from layoutgen.tuning.objective import capacity_for\n"
+        "from layoutgen.tuning.offline import compile_offline\n"
+        "module = load_path(pathlib.Path(sys.argv[1]))\n"
+        "config = dict(block_peer=1, block_batch=64, block_head=1, block_dim=64, num_warps=4)\n"
+        "for B in (1024, 32784):\n"
+        "    job = dict(kernel='pack', config=config, N=8, H=128, D=512, dtype='bfloat16', batch=B,\n"
+        "               capacity=capacity_for(B, torch.device('cuda')))\n"
+        "    compiled = compile_offline(module, job, 90)\n"
+        "    print('ok', B, 'STG.E.128' if 'st.global.v4' in compiled.asm['ptx'] else 'no vector stores')\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", script, path], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["ok 1024 STG.E.128", "ok 32784 STG.E.128"], result.stdout
 
 
 def test_build_reports_a_kernel_that_does_not_compile_and_fails(tmp_path: Path) -> None:
