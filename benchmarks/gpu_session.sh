@@ -73,6 +73,7 @@
 #   bash benchmarks/gpu_session.sh words OUT     the batch-innermost fp8 pack's 32-bit words: GPU tests, spec 7's grid, unseen
 #   bash benchmarks/gpu_session.sh maxnreg OUT   (not run yet) the transposing fp8 packs under ptxas register caps 64-80
 #   bash benchmarks/gpu_session.sh capmask OUT   (not run yet) batch-innermost combines with capacity-bounded loads
+#   bash benchmarks/gpu_session.sh useq OUT      (not run yet) Ulysses kernels with seq innermost on a side, S_local specialised
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -470,6 +471,18 @@ capmask)
         --out "$out/capmask" 2>&1 | tail -3
     PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py \
         -k combine tests/gpu/test_dcp_v2_gpu.py 2>&1 | tee "$out/gpu_tests_capmask.log" | tail -2
+    ;;
+useq)
+    # (Not run yet.) Ulysses kernels with seq contiguous on one side, S_local specialised
+    # (archive/probe_ulysses_seq_specialised.diff; offline, 2-byte accesses become 16-byte ones in 11 of
+    # bench_unseen_specs.py's 32 kernels): its Ulysses half with it (every kernel checked first), then the
+    # Ulysses GPU tests with it.
+    rm -rf /tmp/variant && mkdir -p /tmp/variant && cp -r layoutgen /tmp/variant/ \
+        && patch -s -p1 -d /tmp/variant < benchmarks/results/archive/probe_ulysses_seq_specialised.diff
+    PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 benchmarks/bench_unseen_specs.py --dcp 0 --ulysses 8 \
+        --out "$out/useq" 2>&1 | tail -5
+    PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 -m pytest -q -p no:cacheprovider \
+        tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests_useq.log" | tail -2
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.
