@@ -540,7 +540,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{env['date']}; torch {env['torch']}, triton {env['triton']}, layoutgen {env['layoutgen']}; seed "
         f"{results['seed']}: {results['counts']['dcp']} DCP specs at {_point(shapes['dcp'])} (bf16 `out`), "
         f"{results['counts']['ulysses']} Ulysses specs at {_point(shapes['ulysses'])} (H_kv for GQA tensors; "
-        "bf16, B 1).",
+        "bf16, B 1)." + (f" Only the {results['family']} specs of this draw timed." if results.get("family") else ""),
         "",
         "Each spec drawn from the schema, validated, rendered with the codegen into a temporary folder; every kernel "
         "checked against the family's torch reference first (byte for byte; combine within the tolerance), then "
@@ -609,6 +609,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ulysses", type=int, help="Ulysses specs to draw (default 8; 2 with --interpret)")
     parser.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     parser.add_argument("--out", type=Path, help="write bench_unseen_specs_<device>.{json,md} here")
+    parser.add_argument(
+        "--family",
+        choices=("dcp", "ulysses"),
+        help="time only this family's specs of the same draw (the indices and specs stay those of the whole sample)",
+    )
     parser.add_argument("--interpret", action="store_true", help="CPU smoke run under the Triton interpreter")
     args = parser.parse_args(argv)
     counts = {"dcp": args.dcp, "ulysses": args.ulysses}
@@ -631,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         "interpret": args.interpret,
         "seed": args.seed,
         "counts": counts,
+        "family": args.family,
         "shapes": points,
         "copy_tbps_1gib": bench.copy_tbps,
         "specs": [],
@@ -639,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="layoutgen-unseen-") as directory:
         for index, (data, spec) in enumerate(sample_specs(counts["dcp"], counts["ulysses"], args.seed)):
+            if args.family is not None and spec.family != args.family:
+                continue
             entry, rows = measure_spec(bench, ceiling, index, data, spec, Path(directory), points)
             results["specs"].append(entry)
             results["rows"] += rows

@@ -71,9 +71,13 @@
 #                                               unchecked: archive/probe_fp8_nt.diff), and ncu's pipes and instructions
 #   bash benchmarks/gpu_session.sh tenth OUT     the fp8 GPU tests and bench_unseen_specs.py after the chunk prefetch
 #   bash benchmarks/gpu_session.sh words OUT     the batch-innermost fp8 pack's 32-bit words: GPU tests, spec 7's grid, unseen
-#   bash benchmarks/gpu_session.sh maxnreg OUT   (not run yet) the transposing fp8 packs under ptxas register caps 64-80
-#   bash benchmarks/gpu_session.sh capmask OUT   (not run yet) batch-innermost combines with capacity-bounded loads
-#   bash benchmarks/gpu_session.sh useq OUT      (not run yet) Ulysses kernels with seq innermost on a side, S_local specialised
+#                                               (the eleventh pass's capmask and useq steps, which timed
+#                                               archive/probe_combine_capacity_bound.diff and
+#                                               archive/probe_ulysses_seq_specialised.diff, removed: both adopted)
+#   bash benchmarks/gpu_session.sh maxnreg OUT   (eleventh pass) the transposing fp8 packs under ptxas register caps 64-80
+#   bash benchmarks/gpu_session.sh regcap OUT    (eleventh pass) the transposing fp8 packs' register cap over four seeds,
+#                                               bench_unseen_specs.py, the fp8 and Ulysses GPU tests
+#   bash benchmarks/gpu_session.sh regdefaults OUT their new defaults on the same specs, bench_unseen_specs.py, GPU tests
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -453,36 +457,42 @@ words)
     timeout 130 python3 benchmarks/bench_unseen_specs.py --dcp 12 --ulysses 0 --out "$out" 2>&1 | tail -3
     ;;
 maxnreg)
-    # (Not run yet.) ptxas's register cap on the transposing fp8 packs: offline (sm_90) spec 7's default box
-    # fits 64 registers instead of 96 with no spills (5 -> 8 programs per SM), spec 1's 64 instead of 72.
+    # ptxas's register cap on the transposing fp8 packs (before the launcher had one: 0 here is no cap): offline
+    # (sm_90) spec 7's default box fits 64 registers instead of 96 with no spills (5 -> 8 programs per SM).
     timeout 300 python3 benchmarks/probe_fp8_transpose.py --out "$out" --label maxnreg \
         --only unseen_dcp_07,unseen_dcp_01 --maxnreg 0,64,72,80 \
         --box unseen_dcp_07:1,64,1,64,2 --box unseen_dcp_07:1,32,1,128,4 --box unseen_dcp_07:1,64,1,128,4 \
         --box unseen_dcp_07:1,64,1,64,8 --box unseen_dcp_01:1,1,16,128,8 --box unseen_dcp_01:1,1,16,512,8 2>&1 | tail -4
     ;;
-capmask)
-    # (Not run yet.) combine where batch is innermost, its loads bounded by the capacity instead of the live
-    # batch (archive/probe_combine_capacity_bound.diff; offline the float32 and fp8 wires' default boxes go from
-    # 264 scalar / 256 byte loads with 80 / 42 spills to 16-byte loads and none): bench_unseen_specs.py's DCP
-    # half with it (every kernel checked against the reference first), then the fp8 GPU combine tests with it.
-    rm -rf /tmp/variant && mkdir -p /tmp/variant && cp -r layoutgen /tmp/variant/ \
-        && patch -s -p1 -d /tmp/variant < benchmarks/results/archive/probe_combine_capacity_bound.diff
-    PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 benchmarks/bench_unseen_specs.py --dcp 12 --ulysses 0 \
-        --out "$out/capmask" 2>&1 | tail -3
-    PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py \
-        -k combine tests/gpu/test_dcp_v2_gpu.py 2>&1 | tee "$out/gpu_tests_capmask.log" | tail -2
+regcap)
+    # (Eleventh pass.) The transposing fp8 packs' register cap (64 at 32 tile elements per thread, the
+    # launcher's rule) on seed 0's two and the nine of seeds 1-3: each default and two boxes, with the
+    # launcher's cap and with none; then bench_unseen_specs.py (both families) and the fp8 and Ulysses GPU tests.
+    batch_inner="unseen_dcp_07 unseen_dcp_s1_03 unseen_dcp_s2_03 unseen_dcp_s3_03 unseen_dcp_s3_09"
+    head_inner="unseen_dcp_01 unseen_dcp_s1_09 unseen_dcp_s2_05 unseen_dcp_s2_07 unseen_dcp_s3_05 unseen_dcp_s3_11"
+    boxes=()
+    for name in $batch_inner; do boxes+=(--box "$name:1,64,1,64,4" --box "$name:1,32,1,128,4"); done
+    for name in $head_inner; do boxes+=(--box "$name:1,1,16,512,8" --box "$name:1,1,16,256,4"); done
+    only=$(echo $batch_inner $head_inner | tr ' ' ',')
+    timeout 200 python3 benchmarks/probe_fp8_transpose.py --out "$out" --label regcap --only "$only" \
+        --draw 1:3,1:9,2:3,2:5,2:7,3:3,3:5,3:9,3:11 --maxnreg auto,0 "${boxes[@]}" 2>&1 | tail -24
+    timeout 240 python3 benchmarks/bench_unseen_specs.py --out "$out" 2>&1 | tail -8
+    timeout 330 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py tests/ulysses/test_ulysses_gpu.py \
+        2>&1 | tee "$out/gpu_tests_regcap.log" | tail -2  # (its first limit, 130 s, cut them: regdefaults ran them)
     ;;
-useq)
-    # (Not run yet.) Ulysses kernels with seq contiguous on one side, S_local specialised
-    # (archive/probe_ulysses_seq_specialised.diff; offline, 2-byte accesses become 16-byte ones in 11 of
-    # bench_unseen_specs.py's 32 kernels): its Ulysses half with it (every kernel checked first), then the
-    # Ulysses GPU tests with it.
-    rm -rf /tmp/variant && mkdir -p /tmp/variant && cp -r layoutgen /tmp/variant/ \
-        && patch -s -p1 -d /tmp/variant < benchmarks/results/archive/probe_ulysses_seq_specialised.diff
-    PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 benchmarks/bench_unseen_specs.py --dcp 0 --ulysses 8 \
-        --out "$out/useq" 2>&1 | tail -5
-    PYTHONPATH=/tmp/variant:$PYTHONPATH timeout 200 python3 -m pytest -q -p no:cacheprovider \
-        tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests_useq.log" | tail -2
+regdefaults)
+    # (Eleventh pass.) The new defaults of the transposing fp8 packs (32 x 128 with batch innermost, 16 x 512 x
+    # 8 warps with head innermost in blocks of at least 128) on regcap's 11 specs, each default alone (no spec
+    # is named `none`); bench_unseen_specs.py (both families, with the combines' capacity bound and the Ulysses
+    # S_local specialisation adopted); the fp8, Ulysses and contract-v2 GPU tests (about 4 minutes). The pass
+    # made it as two calls: the GPU tests' first limit cut them, and the first probe left the drawn specs out.
+    timeout 120 python3 benchmarks/probe_fp8_transpose.py --out "$out" --label regdefaults \
+        --only unseen_dcp_01,unseen_dcp_07,unseen_dcp_s1_03,unseen_dcp_s1_09,unseen_dcp_s2_03,unseen_dcp_s2_05,unseen_dcp_s2_07,unseen_dcp_s3_03,unseen_dcp_s3_05,unseen_dcp_s3_09,unseen_dcp_s3_11 \
+        --draw 1:3,1:9,2:3,2:5,2:7,3:3,3:5,3:9,3:11 --box none:1,1,1,1,1 2>&1 | tail -22
+    timeout 240 python3 benchmarks/bench_unseen_specs.py --out "$out" 2>&1 | tail -8
+    timeout 330 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py tests/ulysses/test_ulysses_gpu.py \
+        tests/gpu/test_dcp_v2_gpu.py 2>&1 | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" \
+        | tee "$out/gpu_tests_regdefaults.log" | tail -2
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

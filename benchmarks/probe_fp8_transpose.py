@@ -14,10 +14,15 @@ running this again with `PYTHONPATH=<variant>:$PYTHONPATH` and another `--label`
 `--ncu SPEC:B:peer,batch,head,dim,warps` launches that one config three times and exits (for `ncu -k
 regex:_pack_kernel`).
 
-`--maxnreg 0,64,80` times every box also under ptxas's register caps (Triton's `maxnreg` launch option).
+`--maxnreg auto,0,64` times every box under ptxas's register caps (Triton's `maxnreg` launch option): `auto` is
+the launcher's own choice, 0 no cap, a number that cap, overriding the launcher's.
+
+`--draw SEED:INDEX,...` adds the transposing fp8 specs of other seeds' samples (named
+`unseen_dcp_s<SEED>_<INDEX>`), timed with their default box and the `--box`es named for them.
 
 Usage (GPU): python benchmarks/probe_fp8_transpose.py --out DIR [--label committed] [--points 64,1024]
-             [--only SPEC,...] [--box SPEC:PEER,BATCH,HEAD,DIM,WARPS ...] [--maxnreg 0,64,...]
+             [--only SPEC,...] [--box SPEC:PEER,BATCH,HEAD,DIM,WARPS ...] [--maxnreg auto,0,64,...]
+             [--draw SEED:INDEX,...]
 """
 
 from __future__ import annotations
@@ -67,6 +72,17 @@ GRIDS: dict[int, list[tuple[int, int, int, int, int]]] = {
 }
 
 
+def drawn_specs(draws: str) -> dict[str, Any]:
+    """`SEED:INDEX,...`: those specs of bench_unseen_specs.py's samples, renamed `unseen_dcp_s<SEED>_<INDEX>`."""
+    parsed = {}
+    for draw in draws.split(","):
+        seed, index = (int(value) for value in draw.split(":"))
+        data = json.loads(json.dumps(sample_specs(12, 0, seed)[index][0]))
+        data["name"] = f"unseen_dcp_s{seed}_{index:02d}"
+        parsed[data["name"]] = parse_spec(data, f"{data['name']}.yaml")
+    return parsed
+
+
 def specs() -> dict[str, Any]:
     """The two fp8 specs and their bf16-wire twins (`<name>_bf16`), parsed."""
     sample = sample_specs(12, 0, 0)
@@ -84,15 +100,14 @@ def specs() -> dict[str, Any]:
 
 
 class WithMaxnreg:
-    """Stands in for the module's pack kernel: `kernel[grid](...)` with Triton's `maxnreg` launch option added
-    (ptxas's register cap; offline, spec 7's 64 x 64 x 4-warp box fits 64 registers instead of 96 with no
-    spills, which would let 8 programs share an SM instead of 5)."""
+    """Stands in for the module's pack kernel: `kernel[grid](...)` with Triton's `maxnreg` launch option
+    replaced (ptxas's register cap; None: no cap)."""
 
-    def __init__(self, kernel: Any, maxnreg: int) -> None:
+    def __init__(self, kernel: Any, maxnreg: int | None) -> None:
         self.kernel, self.maxnreg = kernel, maxnreg
 
     def __getitem__(self, grid: Any) -> Any:
-        return lambda *args, **kwargs: self.kernel[grid](*args, maxnreg=self.maxnreg, **kwargs)
+        return lambda *args, **kwargs: self.kernel[grid](*args, **{**kwargs, "maxnreg": self.maxnreg})
 
 
 def config_of(box: tuple[int, int, int, int, int]) -> PackConfig:
@@ -107,8 +122,9 @@ def measure(
     B: int,
     configs: list[PackConfig],
     check: bool = True,
-    maxnregs: tuple[int, ...] = (0,),
+    maxnregs: tuple[int | None, ...] = (None,),
 ) -> list[dict]:
+    """`maxnregs`: None for the launcher's own register cap, 0 for none, or the cap to force."""
     nbytes = bench.bytes_moved(module, "pack", N, H, D, B)
     sets = bench.sets(nbytes)
     outs = [torch.randn(B, H, D, dtype=torch.bfloat16, device=bench.device) for _ in range(sets)]
@@ -121,9 +137,9 @@ def measure(
     for config in configs:
         for maxnreg in maxnregs:
             row: dict[str, Any] = {"B": B, "config": config.as_dict(), "bytes": nbytes, "copy_us": copy_us}
-            if maxnreg:
+            if maxnreg is not None:
                 row["maxnreg"] = maxnreg
-            kernel = WithMaxnreg(module._pack_kernel, maxnreg) if maxnreg else None
+            kernel = None if maxnreg is None else WithMaxnreg(module._pack_kernel, maxnreg or None)
 
             def pack(i: int, config: PackConfig = config, kernel: Any = kernel) -> None:
                 if kernel is None:
@@ -131,7 +147,7 @@ def measure(
                 else:
                     module._launch_pack(outs[i], lses[i], bufs[i], B, config, False, kernel=kernel)
 
-            label = f"B {B} {config.as_dict()}{f' maxnreg {maxnreg}' if maxnreg else ''}"
+            label = f"B {B} {config.as_dict()}{'' if maxnreg is None else f' maxnreg {maxnreg}'}"
             try:
                 _filled(bufs[0])
                 pack(0)
@@ -155,7 +171,10 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated spec names to time (default: all four)")
     parser.add_argument("--modules", type=Path, default=None, help="load <spec>.py from here instead of rendering")
     parser.add_argument("--no-check", action="store_true", help="time without the byte check (a probe's variant)")
-    parser.add_argument("--maxnreg", default="0", help="comma-separated register caps to time each box with (0: none)")
+    parser.add_argument(
+        "--maxnreg", default="auto", help="comma-separated register caps per box (auto: the launcher's; 0: none)"
+    )
+    parser.add_argument("--draw", default=None, help="SEED:INDEX,... transposing fp8 specs of other samples")
     parser.add_argument(
         "--box",
         action="append",
@@ -170,6 +189,8 @@ def main() -> int:
     from layoutgen.tuning.problem import Problem
 
     parsed = specs()
+    if args.draw:
+        parsed.update(drawn_specs(args.draw))
     if args.modules:
         from layoutgen.loader import load_path
 
@@ -193,34 +214,33 @@ def main() -> int:
     ceiling = CopyCeiling(bench)
     results: dict[str, Any] = {"environment": environment(), "label": args.label, "point": [N, H, D], "specs": {}}
     results["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
-    for index, grid in GRIDS.items():
-        base = sample_specs(12, 0, 0)[index][0]["name"]
-        for name in (base, f"{base}_bf16"):
-            if (args.only and name not in args.only.split(",")) or name not in modules:
-                continue
-            module = modules[name]
-            print(f"{name} ({args.label})", flush=True)
-            rows = []
-            for B in (int(b) for b in args.points.split(",")):
-                default = FAMILY.default_config(
-                    Problem(module.SPEC, "pack", (("N", N), ("Hl", H // N), ("D", D)), "bfloat16"), B
-                )
-                # The bf16 twins: their default only (the transposing store's cost without the quantisation).
-                boxes = grid if module.SPEC.fp8 else []
-                if args.box:
-                    boxes = [
-                        tuple(int(v) for v in box.split(":")[1].split(","))
-                        for box in args.box
-                        if box.split(":")[0] == name
-                    ]
-                configs = [default] + [config_of(box) for box in boxes if config_of(box) != default]
-                maxnregs = tuple(int(value) for value in args.maxnreg.split(","))
-                measured = measure(bench, ceiling, module, B, configs, check=not args.no_check, maxnregs=maxnregs)
-                measured[0]["default"] = True
-                rows += measured
-                torch.cuda.empty_cache()
-                results["specs"][name] = rows  # written after every point: a run cut short keeps what it timed
-                (args.out / f"probe_fp8_transpose_{args.label}.json").write_text(json.dumps(results, indent=1))
+    names = [(sample_specs(12, 0, 0)[index][0]["name"], grid) for index, grid in GRIDS.items()]
+    named = [(name, list(grid)) for base, grid in names for name in (base, f"{base}_bf16")]
+    named += [(name, []) for name in parsed if name.startswith("unseen_dcp_s")]
+    for name, grid in named:
+        if (args.only and name not in args.only.split(",")) or name not in modules:
+            continue
+        module = modules[name]
+        print(f"{name} ({args.label})", flush=True)
+        rows = []
+        for B in (int(b) for b in args.points.split(",")):
+            default = FAMILY.default_config(
+                Problem(module.SPEC, "pack", (("N", N), ("Hl", H // N), ("D", D)), "bfloat16"), B
+            )
+            # The bf16 twins: their default only (the transposing store's cost without the quantisation).
+            boxes = grid if module.SPEC.fp8 else []
+            if args.box:
+                boxes = [
+                    tuple(int(v) for v in box.split(":")[1].split(",")) for box in args.box if box.split(":")[0] == name
+                ]
+            configs = [default] + [config_of(box) for box in boxes if config_of(box) != default]
+            maxnregs = tuple(None if value == "auto" else int(value) for value in args.maxnreg.split(","))
+            measured = measure(bench, ceiling, module, B, configs, check=not args.no_check, maxnregs=maxnregs)
+            measured[0]["default"] = True
+            rows += measured
+            torch.cuda.empty_cache()
+            results["specs"][name] = rows  # written after every point: a run cut short keeps what it timed
+            (args.out / f"probe_fp8_transpose_{args.label}.json").write_text(json.dumps(results, indent=1))
     for name, rows in results["specs"].items():
         for B in sorted({row["B"] for row in rows}):
             timed = [row for row in rows if row["B"] == B and "us" in row]

@@ -53,3 +53,18 @@ def test_the_smoke_run_checks_times_and_reports_every_kernel(tmp_path: Path, mon
     table = (tmp_path / "bench_unseen_specs_cpu-interpreter.md").read_text()
     assert "| # | layout | kernel | µs | TB/s | copy µs | % of copy | transposing |" in table
     assert "* dcp pack:" in table and "* ulysses gather_out:" in table
+
+
+def test_one_family_of_the_same_draw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--family ulysses` times only the Ulysses specs of the whole draw: the same specs and indices as the full
+    run (the sampler's stream depends on how many DCP specs come first)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    args = ["--interpret", "--dcp", "1", "--ulysses", "1", "--family", "ulysses", "--out", str(tmp_path)]
+    assert bench_unseen_specs.main(args) == 0
+    results = json.loads((tmp_path / "bench_unseen_specs_cpu-interpreter.json").read_text())
+    (drawn_data, _) = bench_unseen_specs.sample_specs(1, 1, 0)[1]
+    assert [(entry["index"], entry["data"]) for entry in results["specs"]] == [(1, drawn_data)]
+    assert {row["spec"] for row in results["rows"]} == {1} and results["family"] == "ulysses"
+    assert (
+        "Only the ulysses specs of this draw timed." in (tmp_path / "bench_unseen_specs_cpu-interpreter.md").read_text()
+    )

@@ -14,6 +14,7 @@ at FMAX, values that round to FMAX).  `-m slow` draws more specs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -408,3 +409,44 @@ def test_drawn_fp8_specs_are_valid_and_cover_the_forms() -> None:
     collect()
     assert {(tail, pair) for tail, pair, *_ in seen} == {(True, True), (True, False), (False, True), (False, False)}
     assert {dtype for _, _, dtype, _ in seen} == {"float8_e4m3fn", "float8_e5m2"}
+
+
+@pytest.mark.parametrize(
+    ("axes", "scale_block", "box", "capped"),
+    [
+        (["peer", "head", "dim", "batch"], 16, (32, 1, 128, 4), True),  # words, 32 per thread
+        (["peer", "head", "dim", "batch"], 16, (64, 1, 128, 4), False),  # 64 per thread: the cap spilled
+        (["peer", "head", "dim", "batch"], 16, (32, 1, 128, 8), False),  # 16 per thread: it gained nothing
+        (["peer", "head", "dim", "batch"], 128, (64, 1, 64, 4), False),  # a block in two chunks
+        (["peer", "batch", "dim", "head"], 128, (1, 16, 512, 8), True),  # head innermost, blocks of 128
+        (["peer", "batch", "dim", "head"], None, (1, 16, 256, 4), False),  # one scale per row in two chunks
+        (["peer", "batch", "dim", "head"], 16, (1, 16, 256, 4), False),  # head innermost, blocks of 16
+    ],
+)
+def test_transposing_packs_cap_registers_only_where_it_was_measured_to_pay(
+    tmp_path: Path, axes: list[str], scale_block: int | None, box: tuple[int, int, int, int], capped: bool
+) -> None:
+    """The launcher's `maxnreg`: 64 on one-pass tiles of 32 elements per thread (batch innermost in words, head
+    innermost with blocks of at least 128), none elsewhere (notes, eleventh pass)."""
+    from layoutgen.dcp.config import PackConfig
+    from layoutgen.runtime.launch import Recorder
+
+    payload: dict[str, object] = {"axes": axes, "dtype": "float8_e4m3fn"}
+    if scale_block is not None:
+        payload["scale_block"] = scale_block
+    spec = make_spec(
+        name="capped",
+        transport="external",
+        payload=payload,
+        stats={"placement": "separate", "axes": ["peer", "batch", "head", "slot"]},
+    )
+    module = render_module(spec, tmp_path)
+    N, B, H, D = 2, 64, 32, 512
+    bufs = module.alloc(N, B, H, D, torch.bfloat16)
+    out, lse = torch.randn(B, H, D, dtype=torch.bfloat16), torch.randn(B, H)
+    rows, heads, dims, warps = box
+    config = PackConfig(block_peer=1, block_batch=rows, block_head=heads, block_dim=dims, num_warps=warps)
+    recorder = Recorder()
+    module._launch_pack(out, lse, bufs, B, config, False, kernel=recorder)
+    ((_, _, options),) = recorder.calls
+    assert options["maxnreg"] == (64 if capped else None)

@@ -61,14 +61,15 @@ def test_random_dcp_specs_compile_for_sm90_with_32_and_64_bit_offsets(
 
 
 def test_fp8_packs_that_walk_scale_blocks_in_chunks_compile_with_32_and_64_bit_offsets(tmp_path: Path) -> None:
-    """The two-pass form of a transposing fp8 pack (its default config at D 512 takes 64 or 128 of a row's 512
-    dims per chunk; with batch innermost only at the 64-bit shape's B, at B 5 it takes whole rows), with head
-    and with batch innermost: each pack form, and combine, at both offset widths."""
+    """The two-pass form of a transposing fp8 pack (its default config at D 512 takes 128 of a row's 512 dims
+    per chunk; with batch innermost only at the 64-bit shape's B, at B 5 it takes whole rows), with peer and
+    with batch innermost (a head-innermost default takes whole rows of one scale each: one pass), each pack
+    form, and combine, at both offset widths."""
     from layoutgen.dcp.config import default_pack_config
 
     paths = []
     for name, axes in (
-        ("chunks_head", ["batch", "dim", "peer", "head"]),
+        ("chunks_peer", ["batch", "dim", "head", "peer"]),
         ("chunks_batch", ["peer", "head", "dim", "batch"]),
     ):
         spec = make_spec(
@@ -86,7 +87,8 @@ def test_fp8_packs_that_walk_scale_blocks_in_chunks_compile_with_32_and_64_bit_o
 
 def test_fp8_packs_that_store_words_compile_with_32_and_64_bit_offsets(tmp_path: Path) -> None:
     """The word path of a batch-innermost fp8 pack (one pass, 64 rows: `WORDS`) compiles to 16-byte stores at
-    B 1024 and at B 32784 (element offsets past 2^31: int64 row arithmetic)."""
+    B 1024 and at B 32784 (element offsets past 2^31: int64 row arithmetic), under the launcher's 64-register
+    cap at 32 tile elements per thread and without it at 64 (where the cap spilled)."""
     spec = make_spec(
         name="words_batch",
         transport="external",
@@ -106,13 +108,19 @@ def test_fp8_packs_that_store_words_compile_with_32_and_64_bit_offsets(tmp_path:
         "               capacity=capacity_for(B, torch.device('cuda')))\n"
         "    compiled = compile_offline(module, job, 90)\n"
         "    print('ok', B, 'STG.E.128' if 'st.global.v4' in compiled.asm['ptx'] else 'no vector stores')\n"
+        "    print('maxnreg 64' if '.maxnreg 64' in compiled.asm['ptx'] else 'no cap')\n"
+        "wide = dict(config, block_dim=128)\n"
+        "job = dict(kernel='pack', config=wide, N=8, H=128, D=512, dtype='bfloat16', batch=1024,\n"
+        "           capacity=capacity_for(1024, torch.device('cuda')))\n"
+        "print('maxnreg 64' if '.maxnreg' in compile_offline(module, job, 90).asm['ptx'] else 'no cap')\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run(
         [sys.executable, "-c", script, path], capture_output=True, text=True, env=env, timeout=600, check=False
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.split("\n")[:2] == ["ok 1024 STG.E.128", "ok 32784 STG.E.128"], result.stdout
+    lines = result.stdout.split("\n")[:5]
+    assert lines == ["ok 1024 STG.E.128", "maxnreg 64", "ok 32784 STG.E.128", "maxnreg 64", "no cap"], result.stdout
 
 
 def test_build_reports_a_kernel_that_does_not_compile_and_fails(tmp_path: Path) -> None:

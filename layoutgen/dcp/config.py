@@ -109,22 +109,26 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
     if spec.fp8_chunks:
         # An fp8 wire that transposes (batch, head or peer innermost) walks a scale block wider than the box in
         # chunks (`DcpSpec.fp8_chunks`).  The box grows from the destination's innermost axis outward after
-        # taking its dims, the tuner's picks at N 8, B 1024, H 128, D 512 on the H200 (bench_unseen_specs.py's
-        # seed-0 specs; tune_unseen_fp8_pack.md): batch innermost, 64 rows x 64 dims (76.4 µs against 94.0
-        # for 128 x 32 x 8 warps; 74.7 since its codes go out four rows per word, still the best 4-warp box of
-        # 45 in probe_fp8_transpose.py); head innermost, one scale per row: 16 heads x 128 dims, 4 chunks (92.7 µs
-        # against 150.0 for 128 heads x 32 dims, whose two passes over 128 KiB per program missed the L2;
-        # a box of whole rows, 8 heads x 512, took 133).
+        # taking its dims, at 32 elements per thread where the launcher caps the registers (see
+        # pack_fp8.py.jinja).  H200, N 8, B 1024, H 128, D 512, the boxes of probe_fp8_transpose.py over 11
+        # specs of bench_unseen_specs.py's seeds 0-3: batch innermost, 32 rows x 128 dims was the best or
+        # within 2% of it for every block size (blocks of 128: 59.7 µs against 146.3 for 64 x 64, which walks
+        # them in two chunks; one scale per row 122.3 against 127.1); head innermost with blocks of at least
+        # 128, 16 heads x 512 dims x 8 warps (one scale per row 80.2 µs against 89.8 for 16 x 128 x 4 warps,
+        # 61.6 against 72.3 and 60.2 against 72.8 on two others); with smaller blocks 16 x 128 x 4 warps
+        # stays (blocks of 16: 82.9 µs against 100.0 for 16 x 512).
         extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": block_dim}
-        dims, budget = (64, 4096) if innermost == "batch" else (128, 2048)
+        wide = innermost == "batch" or (innermost == "head" and spec.scale_block_of(D) >= 128)
+        dims, budget = {"batch": (128, 4096), "head": (512, 8192) if wide else (128, 2048)}.get(innermost, (128, 2048))
         grown = grow_box(spec.payload.axes, extents, budget, floors={"dim": min(block_dim, dims)})
         blocks = _spread_rows(spec, grown, extents, D)
+        tile = blocks["peer"] * blocks["batch"] * blocks["head"] * blocks["dim"]
         return PackConfig(
             block_peer=blocks["peer"],
             block_batch=blocks["batch"],
             block_head=blocks["head"],
             block_dim=blocks["dim"],
-            num_warps=4,
+            num_warps=max(1, min(16, tile // 1024)) if wide else 4,
         )
     if innermost == "batch":
         # A transpose: `out` is contiguous along dim, the destination along batch.  The tile is rows x dims,
