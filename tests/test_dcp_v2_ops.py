@@ -234,9 +234,14 @@ def test_default_configs_of_head_and_peer_innermost_layouts_take_whole_runs() ->
     )
     combine = default_combine_config(wide, 8, 16, 512, 1024, 2)  # a float32 wire keeps 32 rows x 32 x 1 warp
     assert (combine.block_batch, combine.block_dim, combine.num_warps) == (32, 32, 1)
-    # An fp8 wire walks its scale block (here a whole row) in chunks: 16 heads x 128 dims, the tuner's pick.
+    # An fp8 wire with head innermost and blocks of at least 128 (here a whole row) takes whole blocks in one
+    # pass, 16 heads x 512 dims x 8 warps: 32 elements per thread, under the launcher's register cap.
     fp8 = _with_payload_axes("pynccl_a2a_fp8", ("peer", "batch", "dim", "head"))
     pack = default_pack_config(fp8, 8, 16, 512, 1024, 2)
+    assert (pack.block_head, pack.block_dim, pack.num_warps) == (16, 512, 8)
+    # With blocks of 16 the cap cost time: 16 heads x 128 dims x 4 warps, no cap.
+    small = fp8.model_copy(update={"payload": fp8.payload.model_copy(update={"scale_block": 16})})
+    pack = default_pack_config(small, 8, 16, 512, 1024, 2)
     assert (pack.block_head, pack.block_dim, pack.num_warps) == (16, 128, 4)
 
 
