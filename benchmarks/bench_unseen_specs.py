@@ -24,6 +24,8 @@ destination axis orders differ beyond the peer split.  Results: `<out>/bench_uns
 reported as such, never timed, and makes the exit status 1.
 
 Usage (GPU): python benchmarks/bench_unseen_specs.py --out benchmarks/results [--dcp 12] [--ulysses 8] [--seed 0]
+             [--family dcp|ulysses [--keep EARLIER.json]]   (time one family; --keep: the other's rows from an
+             earlier run of the same draw, so the files hold the whole sample)
              python benchmarks/bench_unseen_specs.py --interpret --out DIR   (CPU smoke run: tiny shapes, 2 specs
              each, wall-clock times that claim nothing)
 """
@@ -360,11 +362,12 @@ def _same_tensor(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def ulysses_kernel(
-    bench: Bench, ceiling: CopyCeiling, module: Any, kernel: str, point: dict[str, int]
+    bench: Bench, ceiling: CopyCeiling, module: Any, kernel: str, point: dict[str, int], config: Any = None
 ) -> dict[str, Any]:
-    """One Ulysses kernel at `point`, byte-exact against `layoutgen.ulysses.reference`, timed with the default
-    config.  As `bench_ulysses.py` times: only the inputs rotate; a scatter writes one set of send buffers
-    (serving reuses one static set every layer), a gather new tensors from the graph's pool."""
+    """One Ulysses kernel at `point`, byte-exact against `layoutgen.ulysses.reference`, timed with `config`
+    (default: the family's default config).  As `bench_ulysses.py` times: only the inputs rotate; a scatter
+    writes one set of send buffers (serving reuses one static set every layer), a gather new tensors from the
+    graph's pool."""
     from layoutgen.tuning.problem import Problem
     from layoutgen.ulysses import FAMILY, reference
     from layoutgen.ulysses.layout import (
@@ -382,7 +385,8 @@ def ulysses_kernel(
     kv = point["H_kv"] if spec.uses(HeadCount.H_KV) else point["H"]
     shape = Shape(N=point["N"], S_local=point["S_local"], H=point["H"], H_kv=kv, D=point["D"], dtype=DTYPE)
     problem = Problem(spec, kernel, tuple(key_extents(spec, kernel, shape).items()), DTYPE_NAMES[DTYPE])
-    config = FAMILY.default_config(problem, shape.S_local)
+    if config is None:
+        config = FAMILY.default_config(problem, shape.S_local)
     nbytes = FAMILY.bytes_moved(problem, shape.S_local)
     sets = bench.sets(nbytes)
     direction = KERNEL_DIRECTION[kernel]
@@ -540,7 +544,13 @@ def markdown(results: dict[str, Any]) -> str:
         f"{env['date']}; torch {env['torch']}, triton {env['triton']}, layoutgen {env['layoutgen']}; seed "
         f"{results['seed']}: {results['counts']['dcp']} DCP specs at {_point(shapes['dcp'])} (bf16 `out`), "
         f"{results['counts']['ulysses']} Ulysses specs at {_point(shapes['ulysses'])} (H_kv for GQA tensors; "
-        "bf16, B 1)." + (f" Only the {results['family']} specs of this draw timed." if results.get("family") else ""),
+        "bf16, B 1)."
+        + (f" Only the {results['family']} specs of this draw timed." if results.get("family") else "")
+        + (
+            f" The {results['kept']['family']} rows are kept from this draw's run of {results['kept']['date']}."
+            if results.get("kept")
+            else ""
+        ),
         "",
         "Each spec drawn from the schema, validated, rendered with the codegen into a temporary folder; every kernel "
         "checked against the family's torch reference first (byte for byte; combine within the tolerance), then "
@@ -596,6 +606,24 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def keep_rows(results: dict[str, Any], earlier: dict[str, Any], source: str) -> None:
+    """Add to a one-family run (`--family`) the other family's specs and rows from an earlier run of the same
+    draw, so that the files hold the whole sample; the report names where they came from."""
+    timed = results["family"]
+    if timed is None:
+        raise ValueError("--keep needs --family: a run of both families keeps nothing")
+    for field in ("seed", "counts", "shapes", "interpret"):
+        if earlier.get(field) != results[field]:
+            raise ValueError(f"--keep {source}: its {field} is {earlier.get(field)!r}, this run's {results[field]!r}")
+    kept = [spec for spec in earlier["specs"] if spec["family"] != timed]
+    results["specs"] = sorted(results["specs"] + kept, key=lambda spec: spec["index"])
+    results["rows"] = sorted(
+        results["rows"] + [row for row in earlier["rows"] if row["family"] != timed], key=lambda row: row["spec"]
+    )
+    results["summary"] = summary(results["rows"])
+    results["kept"] = {"family": "ulysses" if timed == "dcp" else "dcp", "date": earlier["environment"]["date"]}
+
+
 def write(out: Path, results: dict[str, Any]) -> None:
     device = results["environment"].get("device", "cpu-interpreter").replace(" ", "_")
     out.mkdir(parents=True, exist_ok=True)
@@ -614,8 +642,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=("dcp", "ulysses"),
         help="time only this family's specs of the same draw (the indices and specs stay those of the whole sample)",
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="with --family: the other family's rows from this earlier results JSON of the same draw",
+    )
     parser.add_argument("--interpret", action="store_true", help="CPU smoke run under the Triton interpreter")
     args = parser.parse_args(argv)
+    if args.keep is not None and args.family is None:
+        parser.error("--keep needs --family (the family this run times)")
     counts = {"dcp": args.dcp, "ulysses": args.ulysses}
     for family, default in (("dcp", 12), ("ulysses", 8)):
         if counts[family] is None:
@@ -653,6 +688,12 @@ def main(argv: list[str] | None = None) -> int:
             results["summary"] = summary(results["rows"])
             if args.out is not None:
                 write(args.out, results)  # after every spec: an interrupted run keeps what it measured
+    if args.keep is not None:
+        try:
+            keep_rows(results, json.loads(args.keep.read_text(encoding="utf-8")), str(args.keep))
+        except (OSError, ValueError, KeyError) as error:
+            print(f"--keep {args.keep}: {error}", file=sys.stderr)
+            return 2
     if args.out is not None:
         write(args.out, results)  # also when there was no spec to draw
     print(markdown(results), flush=True)

@@ -78,6 +78,9 @@
 #   bash benchmarks/gpu_session.sh regcap OUT    (eleventh pass) the transposing fp8 packs' register cap over four seeds,
 #                                               bench_unseen_specs.py, the fp8 and Ulysses GPU tests
 #   bash benchmarks/gpu_session.sh regdefaults OUT their new defaults on the same specs, bench_unseen_specs.py, GPU tests
+#   bash benchmarks/gpu_session.sh boxes OUT     (twelfth pass) the Ulysses kernels of bench_unseen_specs.py's specs 13, 15
+#                                               and 17 over boxes of the default rule and of the tuner's space;
+#                                               bench_unseen_specs.py's Ulysses half; the Ulysses GPU tests
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -493,6 +496,14 @@ regdefaults)
     timeout 330 python3 -m pytest -v -p no:cacheprovider tests/gpu/test_dcp_fp8_gpu.py tests/ulysses/test_ulysses_gpu.py \
         tests/gpu/test_dcp_v2_gpu.py 2>&1 | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" \
         | tee "$out/gpu_tests_regdefaults.log" | tail -2
+    ;;
+boxes)
+    # (Twelfth pass.) The default box takes 128 bytes along both sides' contiguous axes (it took them along the
+    # source only where the innermost axis moved), and interleaved tensors are copied box by box in one program.
+    timeout 330 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 13,15,17 --space 10 2>&1 | tail -3
+    timeout 120 python3 benchmarks/bench_unseen_specs.py --family ulysses --out "$out" 2>&1 | tail -8
+    timeout 120 python3 -m pytest -v -p no:cacheprovider tests/ulysses/test_ulysses_gpu.py 2>&1 \
+        | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tee "$out/gpu_tests_boxes.log" | tail -2
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

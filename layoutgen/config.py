@@ -33,8 +33,8 @@ def grow_box(
 ) -> dict[str, int]:
     """Power-of-two blocks of a tile along `order` (outer to inner), grown from the innermost axis outward
     until the tile holds `budget` elements, each block at most its axis's extent rounded up.  `floors` are
-    blocks taken first (a run along the source's contiguous axes, in a transpose): the budget shrinks by
-    them, and one grows further with what is left when the order reaches its axis."""
+    blocks taken first (runs along both sides' contiguous axes, say): the budget shrinks by them, and one
+    grows further with what is left when the order reaches its axis."""
     blocks = {axis: 1 for axis in order}
     for axis, floor in (floors or {}).items():
         blocks[axis] = floor

@@ -1,8 +1,9 @@
 """The benchmark's helpers that run without a GPU: the clock sampler's windows, the clock line of the
-report, and the data-movement floor kernel (under the interpreter)."""
+report, the data-movement floor kernel (under the interpreter), the mask probe and the Ulysses box probe's list."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -124,3 +125,24 @@ def test_the_mask_probe_compares_another_module_and_checks_its_bytes(tmp_path: P
     wrong = load_path(tmp_path / "wrong.py", module_name="layoutgen_test_probe_wrong")
     with pytest.raises(AssertionError, match="variant pack differs from the reference"):
         probe_pack_mask.measure_compare(bench, module, wrong, "variant", 2, 5, 4, 8)
+
+
+def test_the_box_probe_lists_the_default_first_and_every_box_once() -> None:
+    import bench_unseen_specs
+    import probe_ulysses_boxes
+
+    from layoutgen.ulysses.config import runtime_default
+    from layoutgen.ulysses.layout import Shape
+
+    spec = bench_unseen_specs.sample_specs(12, 8, 0)[13][1]  # local [seq, dim, head]: runs on both sides matter
+    shape = Shape(N=4, S_local=4096, H=32, H_kv=32, D=128, dtype=torch.bfloat16)
+    listed = probe_ulysses_boxes.candidates(spec, "scatter", shape, space=5, seed=0)
+    assert listed[0] == ("default", runtime_default(spec, "scatter", shape))
+    boxes = [json.dumps(config.as_dict(), sort_keys=True) for _, config in listed]
+    assert len(boxes) == len(set(boxes))
+    labels = [label for label, _ in listed]
+    assert "destination run alone" in labels and sum(label.startswith("space #") for label in labels) == 5
+    # The destination's run alone is the box before the twelfth pass: 512 rows of 8 heads, one peer.
+    alone = dict(listed)["destination run alone"]
+    assert (alone.block_peer, alone.block_seq, alone.block_head) == (1, 512, 8)
+    assert listed == probe_ulysses_boxes.candidates(spec, "scatter", shape, space=5, seed=0)  # seeded

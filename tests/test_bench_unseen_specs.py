@@ -68,3 +68,28 @@ def test_one_family_of_the_same_draw(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (
         "Only the ulysses specs of this draw timed." in (tmp_path / "bench_unseen_specs_cpu-interpreter.md").read_text()
     )
+
+
+def test_one_family_keeps_the_others_rows_from_an_earlier_run_of_the_same_draw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--family dcp --keep EARLIER.json`: the DCP rows timed now, the Ulysses rows of the earlier run, in the
+    sample's order; an earlier run of another draw is refused, and --keep without --family too."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    earlier_dir, now_dir = tmp_path / "earlier", tmp_path / "now"
+    draw = ["--interpret", "--dcp", "1", "--ulysses", "1"]
+    assert bench_unseen_specs.main([*draw, "--family", "ulysses", "--out", str(earlier_dir)]) == 0
+    earlier_json = earlier_dir / "bench_unseen_specs_cpu-interpreter.json"
+    earlier = json.loads(earlier_json.read_text())
+    assert bench_unseen_specs.main([*draw, "--family", "dcp", "--keep", str(earlier_json), "--out", str(now_dir)]) == 0
+    results = json.loads((now_dir / "bench_unseen_specs_cpu-interpreter.json").read_text())
+    assert [entry["index"] for entry in results["specs"]] == [0, 1]
+    assert [row for row in results["rows"] if row["family"] == "ulysses"] == earlier["rows"]
+    assert {row["family"] for row in results["rows"] if row["spec"] == 0} == {"dcp"}
+    assert {line["family"] for line in results["summary"]} == {"dcp", "ulysses"}
+    table = (now_dir / "bench_unseen_specs_cpu-interpreter.md").read_text()
+    assert f"The ulysses rows are kept from this draw's run of {earlier['environment']['date']}." in table
+    other_draw = [*draw[:2], "2", *draw[3:]]
+    assert bench_unseen_specs.main([*other_draw, "--family", "dcp", "--keep", str(earlier_json)]) == 2
+    with pytest.raises(SystemExit):
+        bench_unseen_specs.main([*draw, "--keep", str(earlier_json)])

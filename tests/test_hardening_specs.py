@@ -332,7 +332,8 @@ def test_hostile_yaml_is_refused_clearly_and_quickly(text: str, words: str, tmp_
     result = outcome(text)
     elapsed = time.perf_counter() - started
     assert isinstance(result, SpecError) and words in str(result), str(result)
-    assert elapsed < 5.0, f"{elapsed:.2f} s"
+    # At most 1.3 s on 2 busy cores; CI's ran up to 7x slower.  The bound catches a blow-up, it times nothing.
+    assert elapsed < 60.0, f"{elapsed:.2f} s"
     assert not sentinel.exists(), "a YAML tag ran code"
 
 
@@ -348,17 +349,18 @@ WORST_CASES = [
 @pytest.mark.parametrize("text", WORST_CASES)
 def test_parsing_is_bounded_in_time_and_memory(text: str) -> None:
     assert len(text.encode()) <= MAX_SPEC_BYTES
-    tracemalloc.start()
+    started = time.perf_counter()
+    assert isinstance(outcome(text), SpecError)
+    elapsed = time.perf_counter() - started
+    tracemalloc.start()  # apart: it slows PyYAML about 3x, and CI's busy cores took 18.5 s with it
     try:
-        started = time.perf_counter()
-        result = outcome(text)
-        elapsed = time.perf_counter() - started
+        outcome(text)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert isinstance(result, SpecError)
-    # Measured on 2 busy cores (with tracemalloc, which slows PyYAML ~3x): <= 2.7 s and 22 MB.
-    assert elapsed < 15.0 and peak < 64 * 2**20, f"{elapsed:.2f} s, {peak / 2**20:.1f} MiB"
+    # Linear work: about 1 s on 2 busy cores and 22 MB.  The bound is there to catch a parse that grows
+    # faster than its input (32000 items squared is minutes), not to time it.
+    assert elapsed < 60.0 and peak < 64 * 2**20, f"{elapsed:.2f} s, {peak / 2**20:.1f} MiB"
 
 
 def test_a_10_mb_file_is_refused_without_being_read(tmp_path: Path) -> None:
@@ -378,7 +380,8 @@ def test_a_10_mb_file_is_refused_without_being_read(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert_clear_report(caught.value, str(huge))
-    assert elapsed < 1.0 and peak < 2 * MAX_SPEC_BYTES + 2**16, f"{elapsed:.3f} s, {peak} bytes"
+    # The memory shows what was read; the time only that nothing waited on the 10 MB (milliseconds here).
+    assert elapsed < 10.0 and peak < 2 * MAX_SPEC_BYTES + 2**16, f"{elapsed:.3f} s, {peak} bytes"
 
 
 @pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
@@ -386,7 +389,7 @@ def test_an_endless_file_is_refused() -> None:
     started = time.perf_counter()
     with pytest.raises(SpecError, match=r"/dev/zero: cannot read the spec file\n  \(file\): is a character device"):
         load_spec("/dev/zero")
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 10.0  # an endless read never returns
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """The Ulysses kernels' launch configs and their heuristic default.
 
 All four kernels copy boxes ("tiles") of the logical axes peer x batch x seq x head x dim, in the
-destination's axis order; a config gives the box's extent along each axis.  The default tiles along the
-destination's innermost axis first, so that each thread stores 16 contiguous bytes and a warp whole
-32-byte sectors, then widens the box outward until it holds about 8 KiB.
+destination's axis order; a config gives the box's extent along each axis.  The default takes a run of
+128 bytes along each side's contiguous axes, so that loads and stores both move whole lines, then widens
+the box outward from the destination's innermost axis until it holds about 8 KiB.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from layoutgen.config import LaunchConfig, grow_box, next_pow2
-from layoutgen.ulysses.layout import KERNEL_DIRECTION, Shape, source_run, tile_axes
+from layoutgen.ulysses.layout import KERNEL_DIRECTION, KERNEL_SIDES, Shape, contiguous_axes, tile_axes
 from layoutgen.ulysses.spec import UlyssesSpec
 
 #: Bytes one program moves by default: 4 warps, each thread four 16-byte vectors.
 DEFAULT_TILE_BYTES = 8192
-#: The run a transposing default box takes along the source's contiguous axes: 128 bytes, one full line per
-#: load.  Growing from the destination's innermost axis alone left it one element wide: the random specs of
-#: `bench_unseen_specs.py` whose innermost axis moves copied at 12-66% of the ceiling on the H200, 42-95% with
-#: this run and the whole-row copies (notes_H200.md, eighth pass).
-TRANSPOSE_RUN_BYTES = 128
+#: The run a default box takes along each side's contiguous axes: 128 bytes, one full line per access, on the
+#: source and on the destination.  Grown from the destination's innermost axis alone, a transposing box was
+#: one element wide along the source: the random specs of `bench_unseen_specs.py` whose innermost axis moves
+#: copied at 12-66% of the ceiling on the H200, 42-95% with a run along the source (notes_H200.md, eighth
+#: pass).  Taken along the source only where the innermost axis moved, a box whose two sides share a short
+#: one (8 heads, 16 bytes) read 16 bytes per line: 50% of the ceiling, 86% with both runs (twelfth pass).
+RUN_BYTES = 128
 #: CUDA's grid limits: x, then y (the kernels put the axes outside seq along y).
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
@@ -75,32 +77,48 @@ def _warps_for(tile_bytes: int) -> int:
     return max(1, min(16, tile_bytes // 2048))
 
 
+def run_floors(order: Sequence[str], extents: Mapping[str, int], run: int) -> dict[str, int]:
+    """Blocks along a side's contiguous axes (`order`, outer to inner) that cover `run` contiguous elements,
+    or as many as the extents give: an axis taken whole passes what is left of the run to the next one out;
+    an axis taken in part, or padded to a power of two, ends it (past it the box is not contiguous)."""
+    floors: dict[str, int] = {}
+    for axis in reversed(order):
+        if run <= 1:
+            break
+        floors[axis] = min(next_pow2(extents[axis]), run)
+        if floors[axis] != extents[axis]:
+            break
+        run //= floors[axis]
+    return floors
+
+
 def default_config(
     kernel: str,
     tile_axes: Sequence[str],
     extents: Mapping[str, int],
     elem_size: int,
-    source_run: Sequence[str] = (),
+    source_axes: Sequence[str] = (),
+    destination_axes: Sequence[str] | None = None,
+    run_bytes: int = RUN_BYTES,
+    tile_bytes: int = DEFAULT_TILE_BYTES,
 ) -> TileConfig:
-    """A box grown from the destination's innermost axis outward until it holds DEFAULT_TILE_BYTES.
+    """A box of about `tile_bytes` that moves runs of `run_bytes` on both sides.
 
     `tile_axes` is the destination's order (outer to inner), `extents` each axis's extent (seq: S_local).
-    `source_run` holds the axes the source is contiguous along (outer to inner; see `layout.source_run`):
-    where the innermost is not the destination's (a transpose), the box first takes TRANSPOSE_RUN_BYTES
-    along them, so that loads and stores both move whole runs (Triton converts the tile between the two
-    orders through shared memory).
+    `source_axes` and `destination_axes` are the axes each side is contiguous along (outer to inner; see
+    `layout.contiguous_axes`; the destination's default to `tile_axes`).  The box first takes `run_bytes`
+    along each side's contiguous axes, then grows from the destination's innermost axis outward until it
+    holds `tile_bytes` (in a transpose Triton converts the tile between the two orders through shared memory).
     """
-    floors: dict[str, int] = {}
-    if source_run and source_run[-1] != tile_axes[-1]:
-        run = max(1, TRANSPOSE_RUN_BYTES // elem_size)
-        for axis in reversed(source_run):
-            floors[axis] = min(next_pow2(extents[axis]), run)
-            run = max(1, run // floors[axis])
-    grown = grow_box(tile_axes, extents, max(1, DEFAULT_TILE_BYTES // elem_size), floors)
+    run = max(1, run_bytes // elem_size)
+    floors = run_floors(source_axes, extents, run)
+    for axis, block in run_floors(tile_axes if destination_axes is None else destination_axes, extents, run).items():
+        floors[axis] = max(block, floors.get(axis, 1))
+    grown = grow_box(tile_axes, extents, max(1, tile_bytes // elem_size), floors)
     blocks = {axis: grown.get(axis, 1) for axis in ("peer", "batch", "seq", "head", "dim")}
-    tile_bytes = elem_size * blocks["peer"] * blocks["batch"] * blocks["seq"] * blocks["head"] * blocks["dim"]
+    moved = elem_size * blocks["peer"] * blocks["batch"] * blocks["seq"] * blocks["head"] * blocks["dim"]
     return CONFIG_TYPES[kernel](
-        **{f"block_{axis}": block for axis, block in blocks.items()}, num_warps=_warps_for(tile_bytes)
+        **{f"block_{axis}": block for axis, block in blocks.items()}, num_warps=_warps_for(moved)
     )
 
 
@@ -145,5 +163,13 @@ def runtime_default(spec: UlyssesSpec, kernel: str, shape: Shape) -> TileConfig:
     heads = max(shape.heads_per_peer(t.heads) for t in tensors)
     extents = {"peer": shape.N, "batch": shape.B, "seq": shape.S_local, "head": heads, "dim": shape.D}
     axes = tile_axes(spec, kernel)
-    config = default_config(kernel, axes, extents, shape.dtype.itemsize, source_run(spec, kernel))
+    source, destination = KERNEL_SIDES[kernel]
+    config = default_config(
+        kernel,
+        axes,
+        extents,
+        shape.dtype.itemsize,
+        contiguous_axes(spec, kernel, source),
+        contiguous_axes(spec, kernel, destination),
+    )
     return fit_grid(config, axes, extents, len(tensors))

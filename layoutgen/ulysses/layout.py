@@ -62,12 +62,17 @@ def tile_axes(spec: UlyssesSpec, kernel: str) -> list[str]:
     return side_axes(spec, kernel, KERNEL_SIDES[kernel][1])
 
 
-def source_run(spec: UlyssesSpec, kernel: str) -> list[str]:
-    """The source's innermost axes that are contiguous together, outer to inner: its innermost axis, with
-    `peer` before it when that axis is a user side's split one (a shard's heads of all peers follow one
-    another: local [..., head] is contiguous along peer x head)."""
-    axes = side_axes(spec, kernel, KERNEL_SIDES[kernel][0])
-    return axes[-2:] if len(axes) > 1 and axes[-2] == "peer" and KERNEL_SIDES[kernel][0] != "wire" else axes[-1:]
+def contiguous_axes(spec: UlyssesSpec, kernel: str, side: str) -> list[str]:
+    """The axes of one side of a kernel (`side` "local", "attention" or "wire") along which its elements can
+    lie contiguously, outer to inner: a dense user side's every axis (see `side_axes`: a shard's heads of all
+    peers follow one another, so local [..., head] is contiguous along peer x head), a wire's every axis but
+    those outside a shared wire's `tensor` (each tensor's elements lie apart by the other tensors' blocks)."""
+    axes = side_axes(spec, kernel, side)
+    direction = spec.direction(KERNEL_DIRECTION[kernel])
+    if side == "wire" and direction.shared:
+        inside = direction.wire[direction.wire.index("tensor") + 1 :]
+        return [axis for axis in axes if axis in inside]
+    return axes
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,17 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         and len(direction.tensors) > 1
         and not (shared and direction.wire.index("tensor") > direction.wire.index("seq"))
     )
+    # A shared wire that holds `tensor` inside seq interleaves the tensors' elements finer than grid y's boxes:
+    # one tensor's programs after another's then wrote each line in parts far apart in time (a scatter to wire
+    # [peer, dim, head, seq, tensor] at 43% of a copy on the H200, bench_unseen_specs.py's spec 15).  With one
+    # head count, each program copies its box of every tensor in turn.
+    together = (
+        fused == "y"
+        and shared
+        and len(direction.tensors) > 1
+        and len(groups) == 1
+        and direction.wire.index("tensor") > direction.wire.index("seq")
+    )
     count_name = "tiles" if fused == "x" else "outer_tiles"
     counts = {group.count: f"{group.prefix}{count_name}" for group in groups}
     tensors = []
@@ -226,7 +237,9 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         start = " + ".join(start_terms)
         variable = "tile" if fused == "x" else "outer"
         relative = (
-            variable if not start else (f"{variable} - {start}" if len(start_terms) == 1 else f"{variable} - ({start})")
+            variable
+            if not start or together
+            else (f"{variable} - {start}" if len(start_terms) == 1 else f"{variable} - ({start})")
         )
         wire_pointer = (
             f"{tensor.name}_wire_ptr"
@@ -262,7 +275,10 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     user_desc = f"{user_side} [" + ", ".join(user_axes) + "]"
     source_desc, destination_desc = (wire_desc, user_desc) if source_side == "wire" else (user_desc, wire_desc)
     x_total = [counts[t.heads] for t in direction.tensors] if fused == "x" else (["tiles"] if inner_axes else [])
-    y_total = [counts[t.heads] for t in direction.tensors] if fused == "y" else (["outer_tiles"] if outer_axes else [])
+    if fused == "x":
+        y_total = ["outer_tiles"] if outer_axes else []
+    else:
+        y_total = [counts[groups[0].count]] if together else [counts[t.heads] for t in direction.tensors]
     bounds = {axis: f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes}
     return {
         "name": kernel,
@@ -285,12 +301,13 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         "inner_axes": inner_axes,
         "fused": fused,
         "tensor_major": tensor_major,
+        "together": together,
         "expand": broadcast_index(tile_axes),
         "rank": rank,
         "block_count": {axis: block_count(axis, _TILE_EXTENT[axis]) for axis in tile_axes if axis != "seq"},
         "mask": wrap_terms(list(bounds.values()), 4, " & "),
         # seq contiguous on one side: boxes of whole rows are copied without the run-time bound on seq.
-        "seq_innermost": "seq" in (tile_axes[-1], layout.source_run(spec, kernel)[-1]),
+        "seq_innermost": "seq" in (tile_axes[-1], layout.side_axes(spec, kernel, source_side)[-1]),
         "whole_rows_mask": wrap_terms([bound for axis, bound in bounds.items() if axis != "seq"], 8, " & "),
         "source_offset": wrap_terms(source_terms, 4),
         "destination_offset": wrap_terms(destination_terms, 4),

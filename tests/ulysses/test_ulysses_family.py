@@ -72,27 +72,47 @@ def test_sizes_and_default_configs() -> None:
     assert (tiny.block_peer, tiny.block_dim, tiny.num_warps) == (8, 4, 1)  # one program moves everything
 
 
-def test_a_transposing_default_box_takes_a_run_along_the_source() -> None:
-    """Where the source's contiguous axis is not the destination's innermost, the default box takes 128
-    bytes along it first, and grows it with what is left when the destination's order reaches it."""
+def test_a_default_box_takes_a_run_along_both_sides() -> None:
+    """The default box first takes 128 bytes along each side's contiguous axes, then grows from the
+    destination's innermost axis with what is left."""
     from layoutgen.ulysses.config import default_config
 
     extents = {"peer": 4, "batch": 1, "seq": 4096, "head": 8, "dim": 128}
     # wire [peer, head, dim, seq] -> local [seq, dim, (peer, head)]: loads along seq, stores along head.
-    box = default_config("gather_out", ["seq", "dim", "peer", "head"], extents, 2, source_run=["seq"])
-    assert (box.block_head, box.block_peer, box.block_seq) == (8, 4, 64)
-    assert box.block_seq * box.block_dim * box.block_peer * box.block_head == 4096
-    # local [dim, head, seq] -> wire [peer, dim, seq, head]: seq, reached second, grows past its run.
-    grown = default_config("scatter", ["peer", "dim", "seq", "head"], extents, 2, source_run=["seq"])
+    box = default_config("gather_out", ["seq", "dim", "peer", "head"], extents, 2, ["peer", "head", "dim", "seq"])
+    assert (box.block_head, box.block_peer, box.block_dim, box.block_seq) == (8, 4, 2, 64)
+    # local [dim, (peer, head), seq] -> wire [peer, dim, seq, head]: seq, reached second, grows past its run.
+    grown = default_config("scatter", ["peer", "dim", "seq", "head"], extents, 2, ["dim", "peer", "head", "seq"])
     assert (grown.block_head, grown.block_seq, grown.block_dim) == (8, 512, 1)
-    # local [seq, dim, (peer, head)] -> wire [peer, dim, head, seq]: a shard's heads of all peers follow one
-    # another, and with 8 heads per peer the run of 128 bytes takes the box across peers too.
-    wide = default_config("scatter", ["peer", "dim", "head", "seq"], extents, 2, source_run=["peer", "head"])
-    assert (wide.block_head, wide.block_peer) == (8, 4)
+    # local [seq, dim, (peer, head)] -> wire [peer, dim, seq, head]: both sides have head innermost, 16 bytes of
+    # it; the source's run goes on across peers and dims, so loads are not 16 bytes a line.
+    shared = default_config("scatter", ["peer", "dim", "seq", "head"], extents, 2, ["seq", "dim", "peer", "head"])
+    assert (shared.block_head, shared.block_peer, shared.block_dim, shared.block_seq) == (8, 4, 2, 64)
     # Not a transpose: the box is the one grown from the destination's innermost axis alone.
-    plain = default_config("scatter", ["peer", "seq", "head", "dim"], extents, 2, source_run=["dim"])
+    plain = default_config("scatter", ["peer", "seq", "head", "dim"], extents, 2, ["seq", "peer", "head", "dim"])
     assert plain == default_config("scatter", ["peer", "seq", "head", "dim"], extents, 2)
     assert (plain.block_dim, plain.block_head, plain.block_seq) == (128, 8, 4)
+
+
+def test_a_run_ends_at_an_axis_taken_in_part_or_padded() -> None:
+    from layoutgen.ulysses.config import run_floors
+
+    order = ["seq", "dim", "peer", "head"]
+    assert run_floors(order, {"seq": 4096, "dim": 128, "peer": 4, "head": 8}, 64) == {"head": 8, "peer": 4, "dim": 2}
+    # 3 heads take a block of 4: past it the box's elements are not contiguous.
+    assert run_floors(order, {"seq": 4096, "dim": 128, "peer": 4, "head": 3}, 64) == {"head": 4}
+    assert run_floors(order, {"seq": 4096, "dim": 128, "peer": 4, "head": 128}, 64) == {"head": 64}
+    tiny = {"seq": 1, "dim": 2, "peer": 1, "head": 1}
+    assert run_floors(order, tiny, 64) == tiny
+
+
+def test_a_shared_wire_is_contiguous_only_inside_its_tensor_axis() -> None:
+    from layoutgen.ulysses.layout import contiguous_axes
+
+    spec = generated_module("ulysses_qkv_gqa").SPEC  # wire [peer, tensor, seq, head, dim]
+    assert contiguous_axes(spec, "scatter", "wire") == ["seq", "head", "dim"]
+    assert contiguous_axes(spec, "scatter_out", "wire") == ["peer", "seq", "head", "dim"]
+    assert contiguous_axes(spec, "scatter", "local") == ["seq", "peer", "head", "dim"]
 
 
 @requires_interpreter

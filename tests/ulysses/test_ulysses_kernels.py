@@ -184,6 +184,49 @@ def test_programs_walk_one_tensor_after_another_unless_the_wire_interleaves_them
     assert "seq_blocks = " in kernel and "program_in_tensor" in kernel
 
 
+#: bench_unseen_specs.py's spec 15 (seed 0): q and k interleave element by element on one wire.
+INTERLEAVED = {
+    "family": "ulysses",
+    "name": "interleaved",
+    "summary": "the tensors interleave innermost on the wire",
+    "transport": "all_to_all_single",
+    "local": ["head", "dim", "seq"],
+    "attention": ["dim", "head", "seq"],
+    "to_attention": {"tensors": [{"name": "q", "heads": "H"}, {"name": "k", "heads": "H"}],
+                     "wire": ["peer", "dim", "head", "seq", "tensor"]},
+    "from_attention": {"tensors": [{"name": "out", "heads": "H"}, {"name": "res", "heads": "H"}],
+                       "wire": ["peer", "seq", "head", "dim"]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("heads", ["H", "H_kv"])
+def test_tensors_that_interleave_on_the_wire_are_copied_box_by_box(heads: str, generator: torch.Generator) -> None:
+    """A shared wire holding `tensor` inside seq, where the tensors' boxes lie along grid y: with one head
+    count every program copies its box of each tensor in turn (spec 15's scatter at 43% of a copy on the H200
+    with q's boxes before k's); with two, their boxes follow one another as elsewhere.  Byte-exact both ways,
+    over many boxes with edges."""
+    from layoutgen.ulysses.render import kernel_context
+
+    data = {**INTERLEAVED, "to_attention": {**INTERLEAVED["to_attention"]}}
+    data["to_attention"]["tensors"] = [{"name": "q", "heads": "H"}, {"name": "k", "heads": heads}]
+    if heads == "H_kv":  # each tensor's block holds its own heads: `head` inside `tensor`
+        data["to_attention"]["wire"] = ["peer", "dim", "seq", "tensor", "head"]
+    with tempfile.TemporaryDirectory() as directory:
+        module = random_module(data, Path(directory))
+        spec = module.SPEC
+        together = heads == "H"
+        assert kernel_context(spec, "gather")["together"] is together  # attention [dim, head, (peer, seq)]: grid y
+        assert kernel_context(spec, "scatter")["together"] is together  # with H_kv, head is on grid x
+        assert not kernel_context(spec, "scatter_out")["together"]  # a buffer per tensor: nothing interleaves
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        kernel = source[source.index("def _gather_kernel(") : source.index("def _launch_gather(")]
+        assert ("if outer < " in kernel) is not together and kernel.count("_gather_tile(") == 2
+        shape = make_shape(spec, N=3, S_local=5, heads=3, kv_heads=1, D=6)
+        for blocks in ({"block_peer": 2, "block_seq": 2, "block_head": 2, "block_dim": 4},
+                       {"block_peer": 4, "block_seq": 8, "block_head": 4, "block_dim": 8}):  # fmt: skip
+            round_trip_holds(module, run_pass(module, shape, generator, tiny_configs(**blocks), fresh=False))
+
+
 def test_every_tile_shape_of_the_shared_gqa_wire(generator: torch.Generator) -> None:
     """The one-buffer q+k+v wire: boxes spanning several peers, heads and rows, with and without edges."""
     module = generated_module("ulysses_qkv_gqa")
