@@ -65,8 +65,7 @@ def candidates(spec: Any, kernel: str, shape: Shape, space: int = 0, seed: int =
     """(label, config) of one kernel, the default first, each box once (the first label that built it); then
     `space` configs drawn at random from the tuner's search space (`layoutgen.tuning.space.bind`)."""
     tensors = spec.direction(KERNEL_DIRECTION[kernel]).tensors
-    heads = max(shape.heads_per_peer(t.heads) for t in tensors)
-    extents = {"peer": shape.N, "batch": shape.B, "seq": shape.S_local, "head": heads, "dim": shape.D}
+    extents = ulysses_config.box_extents(spec, kernel, shape)
     axes = tile_axes(spec, kernel)
     source, destination = (contiguous_axes(spec, kernel, side) for side in KERNEL_SIDES[kernel])
 

@@ -156,12 +156,18 @@ def fit_grid(config: TileConfig, tile_axes: Sequence[str], extents: Mapping[str,
             return config
 
 
+def box_extents(spec: UlyssesSpec, kernel: str, shape: Shape) -> dict[str, int]:
+    """Each box axis's extent at a live shape (head: the most heads per peer of the kernel's tensors)."""
+    tensors = spec.direction(KERNEL_DIRECTION[kernel]).tensors
+    heads = max(shape.heads_per_peer(t.heads) for t in tensors)
+    return {"peer": shape.N, "batch": shape.B, "seq": shape.S_local, "head": heads, "dim": shape.D}
+
+
 def runtime_default(spec: UlyssesSpec, kernel: str, shape: Shape) -> TileConfig:
     """The heuristic config of a kernel at a live shape, fitted to the grid (what `config=None` falls back to,
     and the tuner's first candidate)."""
     tensors = spec.direction(KERNEL_DIRECTION[kernel]).tensors
-    heads = max(shape.heads_per_peer(t.heads) for t in tensors)
-    extents = {"peer": shape.N, "batch": shape.B, "seq": shape.S_local, "head": heads, "dim": shape.D}
+    extents = box_extents(spec, kernel, shape)
     axes = tile_axes(spec, kernel)
     source, destination = KERNEL_SIDES[kernel]
     config = default_config(

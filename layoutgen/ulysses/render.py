@@ -210,22 +210,14 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     # N 4, S_local 4096, ulysses_qkv_gqa scatter 27.11 against 26.23 µs tensor-major, deepspeed_ulysses
     # scatter 53.49 against 50.04 (the copy of their bytes: 25.74 and 49.25; bench_ulysses.py, 18:01 and
     # 18:19 UTC, each after its own re-tune).
-    tensor_major = (
-        fused == "x"
-        and len(direction.tensors) > 1
-        and not (shared and direction.wire.index("tensor") > direction.wire.index("seq"))
-    )
-    # A shared wire that holds `tensor` inside seq interleaves the tensors' elements finer than grid y's boxes:
-    # one tensor's programs after another's then wrote each line in parts far apart in time (a scatter to wire
-    # [peer, dim, head, seq, tensor] at 43% of a copy on the H200, bench_unseen_specs.py's spec 15).  With one
-    # head count, each program copies its box of every tensor in turn.
-    together = (
-        fused == "y"
-        and shared
-        and len(direction.tensors) > 1
-        and len(groups) == 1
-        and direction.wire.index("tensor") > direction.wire.index("seq")
-    )
+    interleaved = shared and direction.wire.index("tensor") > direction.wire.index("seq")
+    several_tensors = len(direction.tensors) > 1
+    tensor_major = fused == "x" and several_tensors and not interleaved
+    # On grid y, interleaved tensors lie finer than the boxes: one tensor's programs after another's then wrote
+    # each line in parts far apart in time (a scatter to wire [peer, dim, head, seq, tensor] at 43% of a copy on
+    # the H200, bench_unseen_specs.py's spec 15).  With one head count, each program copies its box of every
+    # tensor in turn.
+    together = fused == "y" and several_tensors and interleaved and len(groups) == 1
     count_name = "tiles" if fused == "x" else "outer_tiles"
     counts = {group.count: f"{group.prefix}{count_name}" for group in groups}
     tensors = []
