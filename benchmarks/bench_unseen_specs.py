@@ -621,7 +621,11 @@ def keep_rows(results: dict[str, Any], earlier: dict[str, Any], source: str) -> 
         results["rows"] + [row for row in earlier["rows"] if row["family"] != timed], key=lambda row: row["spec"]
     )
     results["summary"] = summary(results["rows"])
-    results["kept"] = {"family": "ulysses" if timed == "dcp" else "dcp", "date": earlier["environment"]["date"]}
+    family = "ulysses" if timed == "dcp" else "dcp"
+    # Rows the earlier run itself kept carry the date they were timed, not the earlier run's.
+    carried = earlier.get("kept") or {}
+    date = carried["date"] if carried.get("family") == family else earlier["environment"]["date"]
+    results["kept"] = {"family": family, "date": date}
 
 
 def write(out: Path, results: dict[str, Any]) -> None:

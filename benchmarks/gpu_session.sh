@@ -81,6 +81,17 @@
 #   bash benchmarks/gpu_session.sh boxes OUT     (twelfth pass) the Ulysses kernels of bench_unseen_specs.py's specs 13, 15
 #                                               and 17 over boxes of the default rule and of the tuner's space;
 #                                               bench_unseen_specs.py's Ulysses half; the Ulysses GPU tests
+#   bash benchmarks/gpu_session.sh allboxes OUT  (thirteenth pass) the Ulysses kernels of all eight specs of the sample over
+#                                               tiles of 1-16 KiB and 2, 4, 8 warps; spec 17's gather with H_kv = H
+#   bash benchmarks/gpu_session.sh joined OUT    (thirteenth pass) tensors alternating innermost on the wire moved as one box
+#                                               (tl.interleave / tl.split): spec 15's scatter and gather over tiles and
+#                                               warps, bench_unseen_specs.py's Ulysses half, the Ulysses GPU tests
+#   bash benchmarks/gpu_session.sh farthest OUT  (thirteenth pass) the two Ulysses kernels of the sample farthest from the copy
+#                                               (spec 13's gather_out, spec 17's gather) over 60 configs of the tuner's space
+#   bash benchmarks/gpu_session.sh dense OUT     (thirteenth pass) k/v boxes of their own heads and the stride outside a dense
+#                                               short innermost axis at compile time: the kernels it renders for (specs
+#                                               13 and 17) over tiles and warps, bench_unseen_specs.py's Ulysses half,
+#                                               the Ulysses GPU tests
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -504,6 +515,40 @@ boxes)
     timeout 120 python3 benchmarks/bench_unseen_specs.py --family ulysses --out "$out" 2>&1 | tail -8
     timeout 120 python3 -m pytest -v -p no:cacheprovider tests/ulysses/test_ulysses_gpu.py 2>&1 \
         | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tee "$out/gpu_tests_boxes.log" | tail -2
+    ;;
+allboxes)
+    # (Thirteenth pass.) Warps and tile sizes of the default rule over all eight specs (the twelfth pass probed
+    # three), then what GQA's masked k/v boxes cost spec 17's gather: the same kernel with k and v at H heads.
+    timeout 400 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 12,13,14,15,16,17,18,19 \
+        --runs 128 --tiles 1024,2048,4096,8192,16384 --warps 2,8 --label all 2>&1 | tail -3
+    timeout 60 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 17 --kernels gather --runs 128 \
+        --tiles 4096,8192,16384 --warps 8 --h-kv 32 --label hkv32 2>&1 | tail -3
+    ;;
+joined)
+    # (Thirteenth pass.) A shared wire with `tensor` innermost, its tensors copied together: one box of the wire.
+    timeout 120 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 15 --kernels scatter,gather \
+        --runs 128 --tiles 2048,4096,8192,16384 --warps 2,8,16 --label joined 2>&1 | tail -3
+    timeout 150 python3 benchmarks/bench_unseen_specs.py --family ulysses --out "$out" \
+        --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json 2>&1 | tail -8
+    timeout 150 python3 -m pytest -v -p no:cacheprovider tests/ulysses/test_ulysses_gpu.py 2>&1 \
+        | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tee "$out/gpu_tests_joined.log" | tail -2
+    ;;
+farthest)
+    # (Thirteenth pass.) What tuning could give the two kernels no default box brings near the copy.
+    timeout 150 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 13 --kernels gather_out \
+        --runs 128 --tiles 8192 --warps 8 --space 60 --label farthest13 2>&1 | tail -2
+    timeout 150 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 17 --kernels gather \
+        --runs 128 --tiles 8192 --warps 8 --space 60 --label farthest17 2>&1 | tail -2
+    ;;
+dense)
+    # (Thirteenth pass.) Where head is innermost on a side: k/v boxes of their own heads, the stride outside it
+    # known at compile time when the tensors are dense there.
+    timeout 150 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 13,17 --runs 128 \
+        --tiles 2048,4096,8192,16384 --warps 2,8 --label dense 2>&1 | tail -2
+    timeout 150 python3 benchmarks/bench_unseen_specs.py --family ulysses --out "$out" \
+        --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json 2>&1 | tail -8
+    timeout 200 python3 -m pytest -v -p no:cacheprovider tests/ulysses/test_ulysses_gpu.py 2>&1 \
+        | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tee "$out/gpu_tests_dense.log" | tail -2
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

@@ -14,6 +14,9 @@ and `.md`, rewritten after every kernel.
 
 Usage (GPU): python benchmarks/probe_ulysses_boxes.py --out DIR [--seed 0] [--specs 13,15,17]
              [--kernels scatter,gather,scatter_out,gather_out] [--label committed] [--space 12]
+             [--runs 64,128,256,512] [--tiles 8192,16384,32768] [--warps 2,8,16] [--h-kv 8]
+
+`--h-kv` sets the point's H_kv (32, H itself: GQA tensors with q's head count, so no box is masked for them).
 """
 
 from __future__ import annotations
@@ -61,9 +64,20 @@ TILES = (8192, 16384, 32768)
 WARPS = (2, 8, 16)
 
 
-def candidates(spec: Any, kernel: str, shape: Shape, space: int = 0, seed: int = 0) -> list[tuple[str, Any]]:
-    """(label, config) of one kernel, the default first, each box once (the first label that built it); then
-    `space` configs drawn at random from the tuner's search space (`layoutgen.tuning.space.bind`)."""
+def candidates(
+    spec: Any,
+    kernel: str,
+    shape: Shape,
+    space: int = 0,
+    seed: int = 0,
+    runs: tuple[int, ...] = RUNS,
+    tiles: tuple[int, ...] = TILES,
+    warps: tuple[int, ...] = WARPS,
+) -> list[tuple[str, Any]]:
+    """(label, config) of one kernel, the default first, each box once (the first label that built it): the
+    default rule's boxes with each of `runs` x `tiles`, the destination's run alone, the default at each of
+    `warps`; then `space` configs drawn at random from the tuner's search space
+    (`layoutgen.tuning.space.bind`)."""
     tensors = spec.direction(KERNEL_DIRECTION[kernel]).tensors
     extents = ulysses_config.box_extents(spec, kernel, shape)
     axes = tile_axes(spec, kernel)
@@ -77,9 +91,9 @@ def candidates(spec: Any, kernel: str, shape: Shape, space: int = 0, seed: int =
 
     default = ulysses_config.runtime_default(spec, kernel, shape)
     listed: list[tuple[str, Any]] = [("default", default)]
-    listed += [(f"run {run} tile {tile}", box(source, run, tile)) for run in RUNS for tile in TILES]
+    listed += [(f"run {run} tile {tile}", box(source, run, tile)) for run in runs for tile in tiles]
     listed.append(("destination run alone", box([], ulysses_config.RUN_BYTES, ulysses_config.DEFAULT_TILE_BYTES)))
-    listed += [(f"default, {warps} warps", dataclasses.replace(default, num_warps=warps)) for warps in WARPS]
+    listed += [(f"default, {count} warps", dataclasses.replace(default, num_warps=count)) for count in warps]
     if space:
         problem = Problem(spec, kernel, tuple(key_extents(spec, kernel, shape).items()), DTYPE_NAMES[shape.dtype])
         feasible = bind(problem, shape.S_local).feasible()
@@ -95,6 +109,10 @@ def candidates(spec: Any, kernel: str, shape: Shape, space: int = 0, seed: int =
     return unique
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(size) for size in text.split(",") if size)
+
+
 def markdown(results: dict[str, Any]) -> str:
     env = results["environment"]
     lines = [
@@ -102,7 +120,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"{env.get('date')}; torch {env.get('torch')}, triton {env.get('triton')}; seed {results['seed']}, "
         f"N {ULYSSES_POINT['N']}, S_local {ULYSSES_POINT['S_local']}, H {ULYSSES_POINT['H']}, "
-        f"H_kv {ULYSSES_POINT['H_kv']}, D {ULYSSES_POINT['D']}, bf16; CUDA-graph replay medians, rotated inputs.",
+        f"H_kv {results['h_kv']}, D {ULYSSES_POINT['D']}, bf16; CUDA-graph replay medians, rotated inputs.",
         "",
         "| spec | kernel | box | peer x batch x seq x head x dim, warps | µs | % of copy |",
         "|---|---|---|---|---|---|",
@@ -123,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", default=",".join(ULYSSES_KERNELS))
     parser.add_argument("--label", default="committed")
     parser.add_argument("--space", type=int, default=0, help="also time this many configs of the tuner's space")
+    parser.add_argument("--runs", type=_sizes, default=RUNS, help="bytes along each side's contiguous axes")
+    parser.add_argument("--tiles", type=_sizes, default=TILES, help="bytes a box holds")
+    parser.add_argument("--warps", type=_sizes, default=WARPS, help="warp counts for the default box")
+    parser.add_argument("--h-kv", type=int, default=ULYSSES_POINT["H_kv"], help="the point's H_kv")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
@@ -130,8 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     kernels = args.kernels.split(",")
     bench = Bench(False, None)
     ceiling = CopyCeiling(bench)
-    point = ULYSSES_POINT
-    results: dict[str, Any] = {"environment": environment(), "label": args.label, "seed": args.seed, "rows": []}
+    point = {**ULYSSES_POINT, "H_kv": args.h_kv}
+    results: dict[str, Any] = {
+        "environment": environment(),
+        "label": args.label,
+        "seed": args.seed,
+        "h_kv": args.h_kv,
+        "rows": [],
+    }
     failed = False
     with tempfile.TemporaryDirectory(prefix="layoutgen-boxes-") as directory:
         for index, (_, spec) in enumerate(sample_specs(12, 8, args.seed)):
@@ -142,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             shape = Shape(N=point["N"], S_local=point["S_local"], H=point["H"], H_kv=kv, D=point["D"], dtype=DTYPE)
             for kernel in kernels:
                 source, destination = ulysses_orders(spec, kernel)
-                for label, config in candidates(spec, kernel, shape, args.space, args.seed):
+                for label, config in candidates(
+                    spec, kernel, shape, args.space, args.seed, args.runs, args.tiles, args.warps
+                ):
                     row: dict[str, Any] = {
                         "spec": index,
                         "kernel": kernel,

@@ -89,6 +89,20 @@ def test_one_family_keeps_the_others_rows_from_an_earlier_run_of_the_same_draw(
     assert {line["family"] for line in results["summary"]} == {"dcp", "ulysses"}
     table = (now_dir / "bench_unseen_specs_cpu-interpreter.md").read_text()
     assert f"The ulysses rows are kept from this draw's run of {earlier['environment']['date']}." in table
+    # Kept again by a later run of the other family, the rows keep the date they were timed.
+    later_dir = tmp_path / "later"
+    now_json = now_dir / "bench_unseen_specs_cpu-interpreter.json"
+    assert (
+        bench_unseen_specs.main([*draw, "--family", "ulysses", "--keep", str(now_json), "--out", str(later_dir)]) == 0
+    )
+    later = json.loads((later_dir / "bench_unseen_specs_cpu-interpreter.json").read_text())
+    assert later["kept"] == {"family": "dcp", "date": results["environment"]["date"]}
+    later["environment"]["date"] = "a later date"  # runs a second apart would share a date
+    (later_dir / now_json.name).write_text(json.dumps(later))
+    assert bench_unseen_specs.main([*draw, "--family", "ulysses", "--keep", str(later_dir / now_json.name), "--out",
+                                    str(tmp_path / "last")]) == 0  # fmt: skip
+    last = json.loads((tmp_path / "last" / now_json.name).read_text())
+    assert last["kept"] == {"family": "dcp", "date": results["environment"]["date"]}  # not the later run's
     other_draw = [*draw[:2], "2", *draw[3:]]
     assert bench_unseen_specs.main([*other_draw, "--family", "dcp", "--keep", str(earlier_json)]) == 2
     with pytest.raises(SystemExit):

@@ -23,6 +23,7 @@ from typing import Any
 
 from layoutgen.render_helpers import broadcast_index, stride_expressions
 from layoutgen.ulysses import layout
+from layoutgen.ulysses.describe import describe_tensors, describe_wire
 from layoutgen.ulysses.layout import KERNEL_DIRECTION
 from layoutgen.ulysses.spec import DirectionSpec, HeadCount, TensorSpec, Transport, UlyssesSpec
 
@@ -33,12 +34,6 @@ _GROUP_PREFIX = {HeadCount.H: "", HeadCount.H_KV: "kv_"}
 _GROUP_BLOCKS = {HeadCount.H: "head", HeadCount.H_KV: "kv_head"}
 #: Extents as a tile function sees them (its tensor's heads are HEADS).
 _TILE_EXTENT = {"peer": "NUM_PEERS", "batch": "BATCH", "seq": "seq_len", "head": "HEADS", "dim": "HEAD_DIM"}
-#: Symbols of the docstrings, per side.
-_SYMBOL = {
-    "local": {"batch": "B", "seq": "S_local", "dim": "D"},
-    "attention": {"batch": "B", "seq": "S", "dim": "D"},
-    "wire": {"peer": "N", "batch": "B", "seq": "S_local", "dim": "D"},
-}
 _KERNEL_SIDES = layout.KERNEL_SIDES
 _SPLIT_AXIS = layout.SPLIT_AXIS
 _LINE = 100
@@ -66,36 +61,6 @@ def product(factors: Sequence[str]) -> str:
 def grouped_sum(terms: Sequence[str]) -> str:
     """The terms' sum as one factor: the single term bare, several in parentheses."""
     return terms[0] if len(terms) == 1 else f"({' + '.join(terms)})"
-
-
-def heads_symbol(tensor: TensorSpec, side: str) -> str:
-    return tensor.heads.value if side == "local" else f"{tensor.heads.value}/N"
-
-
-def describe_tensor(axes: Sequence[str], tensor: TensorSpec, side: str) -> str:
-    """e.g. `[S_local, B, H, D]`: the tensor's extents in its axis order."""
-    symbols = {**_SYMBOL[side], "head": heads_symbol(tensor, side)}
-    return "[" + ", ".join(symbols[axis] for axis in axes) + "]"
-
-
-def describe_tensors(axes: Sequence[str], tensors: Sequence[TensorSpec], side: str) -> str:
-    """e.g. `q [S_local, H, D]; k, v [S_local, H_kv, D]`: tensors of equal shape grouped."""
-    groups: dict[str, list[str]] = {}
-    for tensor in tensors:
-        groups.setdefault(describe_tensor(axes, tensor, side), []).append(tensor.name)
-    return "; ".join(f"{', '.join(names)} {shape}" for shape, names in groups.items())
-
-
-def describe_wire(direction: DirectionSpec) -> str:
-    """The wire buffers of a direction, e.g. `q, k, v [N, S_local, H/N, D] (one buffer each)`, or for a shared
-    buffer `wire [N, tensor]: along tensor q [S_local, H/N, D], then k, v [S_local, H_kv/N, D]`."""
-    if not direction.shared:
-        return describe_tensors(direction.wire, direction.tensors, "wire") + " (one buffer each)"
-    position = direction.wire.index("tensor")
-    outer = [_SYMBOL["wire"].get(axis, "H/N") for axis in direction.wire[:position]]
-    inner = direction.wire[position + 1 :]
-    blocks = describe_tensors(inner, direction.tensors, "wire").replace("; ", ", then ")
-    return f"wire [{', '.join([*outer, 'tensor'])}]: along tensor {blocks}"
 
 
 @dataclass(frozen=True)
@@ -166,6 +131,33 @@ def _tensor_size(direction: DirectionSpec, group: _Group) -> str:
     return product(factors)
 
 
+def _interleave_tree(boxes: Sequence[str]) -> str:
+    """Boxes of a power-of-two count interleaved element by element along their last axis, the first's
+    element first: the even-numbered boxes' interleave with the odd-numbered ones' (a, b, c, d: a0 b0 c0 d0
+    a1 ...)."""
+    if len(boxes) == 1:
+        return boxes[0]
+    return f"tl.interleave({_interleave_tree(boxes[0::2])}, {_interleave_tree(boxes[1::2])})"
+
+
+def _split_tree(loaded: str, boxes: Sequence[str], block_shape: Sequence[str]) -> list[str]:
+    """Statements that undo `_interleave_tree`: the box `loaded` (the last of `block_shape` times len(boxes)
+    long) split into `boxes`, evens then odds, until each holds one tensor's elements."""
+    if len(boxes) == 1:
+        return [f"{boxes[0]} = {loaded}"]
+    half = len(boxes) // 2
+    last = block_shape[-1] if half == 1 else f"{half} * {block_shape[-1]}"
+    shape = ", ".join([*block_shape[:-1], last, "2"])
+    if half == 1:
+        return [f"{boxes[0]}, {boxes[1]} = tl.split(tl.reshape({loaded}, [{shape}]))"]
+    evens, odds = f"{loaded}_even", f"{loaded}_odd"
+    return [
+        f"{evens}, {odds} = tl.split(tl.reshape({loaded}, [{shape}]))",
+        *_split_tree(evens, boxes[0::2], block_shape),
+        *_split_tree(odds, boxes[1::2], block_shape),
+    ]
+
+
 def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     """Everything one kernel's template needs."""
     direction = spec.direction(KERNEL_DIRECTION[kernel])
@@ -218,6 +210,47 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     # the H200, bench_unseen_specs.py's spec 15).  With one head count, each program copies its box of every
     # tensor in turn.
     together = fused == "y" and several_tensors and interleaved and len(groups) == 1
+    # Copied together to or from a wire whose innermost axis is `tensor`, the tensors' elements alternate: each
+    # tensor's store wrote 2-byte elements T apart (spec 15's scatter, wire [peer, dim, head, seq, tensor], at 65%
+    # of a copy on the H200).  With a power-of-two count of tensors, and the wire's innermost other axis the
+    # box's, the boxes are interleaved in registers (`tl.interleave`) and stored as one box T times as long along
+    # it, or loaded as one and split (`tl.split`): whole vectors on the wire.
+    tensor_count = len(direction.tensors)
+    pair_axis = [axis for axis in direction.wire if axis != "tensor"][-1]
+    joined = (
+        together
+        and direction.wire[-1] == "tensor"
+        and pair_axis == tile_axes[-1]
+        and tensor_count & (tensor_count - 1) == 0
+    )
+    # k and v boxes take only their heads where `head` is a side's innermost axis: the box is sized for q's heads
+    # per peer, and GQA's fewer left most of a k/v box masked, its vectors a few heads wide (spec 17's gather,
+    # attention [seq, batch, dim, head], at 42% of a copy on the H200 with 2 of 8 heads live, 63% with k and v
+    # at q's head count).  Only boxes that took all of k/v's heads shrink, so the grid is the same.
+    kv_box = len(groups) == 2 and "head" in (tile_axes[-1], layout.side_axes(spec, kernel, source_side)[-1])
+    # A user side whose innermost axis is short (heads or batch rows, not dim) has a stride next to it that is no
+    # multiple of 16 (8 heads), so Triton knows nothing of the rows' alignment and moves single elements: spec
+    # 17's gather to attention [seq, batch, dim, head] stored 2 bytes at a time (`STG.E.U16` x96, sm_90).  Where
+    # every tensor is dense there, the launcher says so and that stride becomes the compile-time extent.
+    inner_axis = user_axes[-1]
+    dense_inner = inner_axis in ("head", "batch") and len(user_axes) > 1
+    next_axis = user_axes[-2] if dense_inner else ""
+    inner_extent = {"head": "NUM_PEERS * HEADS" if user_side == "local" else "HEADS", "batch": "BATCH"}.get(
+        inner_axis, ""
+    )
+
+    def launch_extent(tensor: TensorSpec) -> str:
+        if inner_axis == "batch":
+            return "bufs.B"
+        if user_side == "local":
+            return "bufs.H" if tensor.heads is HeadCount.H else "bufs.H_kv"
+        return group_of[tensor.name].variable
+
+    dense_check = (
+        " and ".join(f"{t.name}.stride({user_axes.index(next_axis)}) == {launch_extent(t)}" for t in direction.tensors)
+        if dense_inner
+        else ""
+    )
     count_name = "tiles" if fused == "x" else "outer_tiles"
     counts = {group.count: f"{group.prefix}{count_name}" for group in groups}
     tensors = []
@@ -241,6 +274,8 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         tensors.append(
             {
                 "name": tensor.name,
+                "block_head": "BLOCK_KV_HEAD" if kv_box and tensor.heads is HeadCount.H_KV else "BLOCK_HEAD",
+                "user_offset": wrap_terms(_user_offset(user_axes, user_side, index, tensor.name), 4),
                 "const": group.const,
                 "condition": f"{variable} < {' + '.join([*start_terms, count])}",
                 "program_condition": f"program < seq_blocks * {grouped_sum([*start_terms, count])}",
@@ -272,6 +307,14 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     else:
         y_total = [counts[groups[0].count]] if together else [counts[t.heads] for t in direction.tensors]
     bounds = {axis: f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes}
+    joined_bounds = {
+        **bounds,
+        pair_axis: f"({pair_axis}_pairs{index[pair_axis]} < {_TILE_EXTENT[pair_axis]} * {tensor_count})",
+    }
+    joined_terms = [
+        f"{pair_axis}_pairs{index[pair_axis]}" if axis == pair_axis else term
+        for axis, term in zip([a for a in direction.wire if a != "tensor"], wire_terms, strict=True)
+    ]
     return {
         "name": kernel,
         "kernel_name": f"_{kernel}_kernel",
@@ -294,6 +337,32 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         "fused": fused,
         "tensor_major": tensor_major,
         "together": together,
+        "kv_box": kv_box,
+        "dense_inner": dense_inner,
+        "inner_extent": inner_extent,
+        "dense_check": dense_check,
+        "dense_strides": (
+            [f"{t.name}_stride_{next_axis}" for t in direction.tensors]
+            if joined
+            else [f"{user_side}_stride_{next_axis}"]
+        )
+        if dense_inner
+        else [],
+        "joined": joined,
+        "pair_axis": pair_axis,
+        "tensor_count": tensor_count,
+        "interleaved_boxes": _interleave_tree([f"{t.name}_box" for t in direction.tensors]),
+        "joined_mask": wrap_terms(list(joined_bounds.values()), 4, " & "),
+        # Whole rows drop the bound on seq; the stores' mask is the loads' unless the pairs lie along another axis.
+        "joined_whole_rows_mask": (
+            wrap_terms([bound for axis, bound in joined_bounds.items() if axis != "seq"], 8, " & ")
+            if pair_axis != "seq"
+            else ""
+        ),
+        "joined_wire_offset": wrap_terms(joined_terms, 4),
+        "split_boxes": _split_tree(
+            "pairs", [f"{t.name}_box" for t in direction.tensors], [f"BLOCK_{axis.upper()}" for axis in tile_axes]
+        ),
         "expand": broadcast_index(tile_axes),
         "rank": rank,
         "block_count": {axis: block_count(axis, _TILE_EXTENT[axis]) for axis in tile_axes if axis != "seq"},

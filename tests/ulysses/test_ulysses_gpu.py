@@ -4,6 +4,7 @@ direct launch path, CUDA-graph capture and replay, and 64-bit indexing (needs CU
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,26 @@ def test_default_configs_are_byte_exact(name: str, dtype: torch.dtype, generator
     module = generated_module(name)
     shape = make_shape(module.SPEC, N=4, S_local=77, heads=5, kv_heads=2, D=128, B=2, dtype=dtype)
     run_pass(module, shape, generator, default_configs(), "wide", device="cuda")
+
+
+@pytest.mark.parametrize("layout", ["two", "four", "gqa"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_unusual_layouts_are_byte_exact_compiled(
+    layout: str, dtype: torch.dtype, generator: torch.Generator, tmp_path: Path
+) -> None:
+    """As Triton compiles them: the interleaved and split boxes (`tl.interleave`, `tl.split`) of two and four
+    tensors; k/v boxes of their own heads and strides given at compile time where head is innermost (dense and
+    strided inputs).  Default configs and small boxes with edges on every axis."""
+    from test_ulysses_kernels import FOUR_ALTERNATING, GQA_HEAD_INNERMOST, INTERLEAVED, random_module
+    from ulysses_cases import tiny_configs
+
+    data = {"two": INTERLEAVED, "four": FOUR_ALTERNATING, "gqa": GQA_HEAD_INNERMOST}[layout]
+    module = random_module(data, tmp_path)
+    shape = make_shape(module.SPEC, N=4, S_local=77, heads=8, kv_heads=2, D=72, dtype=dtype)
+    for stride_kind in ("contiguous", "wide"):
+        run_pass(module, shape, generator, default_configs(), stride_kind, device="cuda")
+    small = tiny_configs(block_peer=2, block_batch=2, block_seq=16, block_head=4, block_dim=32)
+    run_pass(module, shape, generator, small, fresh=False, device="cuda")
 
 
 @pytest.mark.parametrize("name", BUNDLED)

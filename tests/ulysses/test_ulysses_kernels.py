@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ulysses_cases import (
     BUNDLED,
+    KERNELS,
     STRIDE_KINDS,
     default_configs,
     make_shape,
@@ -199,6 +200,18 @@ INTERLEAVED = {
 }  # fmt: skip
 
 
+#: Four tensors alternating innermost on both wires, along dim (the attention side is head-major).
+FOUR_ALTERNATING = {
+    **INTERLEAVED,
+    "name": "four",
+    "attention": ["head", "seq", "dim"],
+    "to_attention": {"tensors": [{"name": name, "heads": "H"} for name in ("q", "k", "v", "g")],
+                     "wire": ["peer", "head", "seq", "dim", "tensor"]},
+    "from_attention": {"tensors": [{"name": "out", "heads": "H"}, {"name": "res", "heads": "H"}],
+                       "wire": ["peer", "head", "seq", "dim", "tensor"]},
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("heads", ["H", "H_kv"])
 def test_tensors_that_interleave_on_the_wire_are_copied_box_by_box(heads: str, generator: torch.Generator) -> None:
     """A shared wire holding `tensor` inside seq, where the tensors' boxes lie along grid y: with one head
@@ -220,11 +233,125 @@ def test_tensors_that_interleave_on_the_wire_are_copied_box_by_box(heads: str, g
         assert not kernel_context(spec, "scatter_out")["together"]  # a buffer per tensor: nothing interleaves
         source = Path(module.__file__).read_text(encoding="utf-8")
         kernel = source[source.index("def _gather_kernel(") : source.index("def _launch_gather(")]
-        assert ("if outer < " in kernel) is not together and kernel.count("_gather_tile(") == 2
+        assert ("if outer < " in kernel) is not together
+        assert kernel.count("_gather_tile(") == (1 if together else 2)  # together, `tensor` innermost: one box
         shape = make_shape(spec, N=3, S_local=5, heads=3, kv_heads=1, D=6)
         for blocks in ({"block_peer": 2, "block_seq": 2, "block_head": 2, "block_dim": 4},
                        {"block_peer": 4, "block_seq": 8, "block_head": 4, "block_dim": 8}):  # fmt: skip
             round_trip_holds(module, run_pass(module, shape, generator, tiny_configs(**blocks), fresh=False))
+
+
+def test_tensors_alternating_innermost_on_the_wire_move_as_one_box(generator: torch.Generator) -> None:
+    """Copied together with `tensor` innermost on the wire, the tensors' boxes are interleaved into one box of the
+    wire (scatters, `tl.interleave`) or split from it (gathers, `tl.split`): spec 15's scatter stored 2-byte
+    elements 4 bytes apart (STG.E.U16 x128 per program, now STG.E.128 x16; sm_90).  Byte-exact with two and four
+    tensors, the pairs along seq and along dim, edges on every axis (D 5 in blocks of 4: half the last pair box
+    masked), in strided inputs; three tensors (not a power of two) keep one box per tensor."""
+    from layoutgen.ulysses.render import kernel_context
+
+    with tempfile.TemporaryDirectory() as directory:
+        module = random_module(INTERLEAVED, Path(directory))
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        assert source.count("tl.interleave(q_box, k_box)") == 2 and source.count("tl.split(") == 2  # two branches
+        assert kernel_context(module.SPEC, "scatter")["joined"] and kernel_context(module.SPEC, "gather")["joined"]
+        assert not kernel_context(module.SPEC, "scatter_out")["joined"]  # its wire has no tensor axis
+    three = {**INTERLEAVED, "name": "three",
+             "to_attention": {"tensors": [{"name": name, "heads": "H"} for name in ("q", "k", "v")],
+                              "wire": ["peer", "dim", "head", "seq", "tensor"]}}  # fmt: skip
+    with tempfile.TemporaryDirectory() as directory:
+        module = random_module(FOUR_ALTERNATING, Path(directory))
+        contexts = {kernel: kernel_context(module.SPEC, kernel) for kernel in ("scatter", "gather", "scatter_out")}
+        assert all(context["joined"] and context["pair_axis"] == "dim" for context in contexts.values())
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        assert "tl.interleave(tl.interleave(q_box, v_box), tl.interleave(k_box, g_box))" in source
+        shape = make_shape(module.SPEC, N=3, S_local=5, heads=3, kv_heads=3, D=5)
+        for blocks in ({"block_peer": 2, "block_seq": 2, "block_head": 2, "block_dim": 4},
+                       {"block_peer": 4, "block_seq": 8, "block_head": 1, "block_dim": 8}):  # fmt: skip
+            for stride_kind in ("contiguous", "wide"):
+                result = run_pass(module, shape, generator, tiny_configs(**blocks), stride_kind, fresh=False)
+                round_trip_holds(module, result)
+        three_module = random_module(three, Path(directory))
+        context = kernel_context(three_module.SPEC, "scatter")
+        assert context["together"] and not context["joined"]
+        shape = make_shape(three_module.SPEC, N=2, S_local=3, heads=1, kv_heads=1, D=3)
+        configs = tiny_configs(block_peer=2, block_seq=2, block_head=1, block_dim=2)
+        round_trip_holds(three_module, run_pass(three_module, shape, generator, configs, fresh=False))
+
+
+#: bench_unseen_specs.py's spec 17 (seed 0): GQA tensors whose attention side has `head` innermost.
+GQA_HEAD_INNERMOST = {
+    "family": "ulysses",
+    "name": "gqa_head_innermost",
+    "summary": "k and v have fewer heads, and head is the attention side's innermost axis",
+    "transport": "external",
+    "local": ["seq", "head", "dim", "batch"],
+    "attention": ["seq", "batch", "dim", "head"],
+    "to_attention": {"tensors": [{"name": "q", "heads": "H"}, {"name": "k", "heads": "H_kv"},
+                                 {"name": "v", "heads": "H_kv"}],
+                     "wire": ["tensor", "head", "seq", "batch", "dim", "peer"]},
+    "from_attention": {"tensors": [{"name": "out", "heads": "H"}, {"name": "res", "heads": "H"}],
+                       "wire": ["peer", "head", "tensor", "seq", "dim", "batch"]},
+}  # fmt: skip
+
+
+def test_kv_boxes_take_only_their_heads_where_head_is_innermost(generator: torch.Generator) -> None:
+    """Where `head` is a side's innermost axis, k and v's boxes hold at most their own heads per peer (the box
+    is sized for q's): spec 17's gather at 42% of a copy on the H200 with 2 of a box's 8 heads live, 63% with
+    k and v at q's head count.  Byte-exact with the k/v box narrower than q's (1 and 3 heads per peer in
+    blocks of 4 and 8) and as wide (blocks of 2 over 3 heads); rendered only there."""
+    from layoutgen.ulysses.render import kernel_context
+
+    with tempfile.TemporaryDirectory() as directory:
+        module = random_module(GQA_HEAD_INNERMOST, Path(directory))
+        spec = module.SPEC
+        assert [kernel for kernel in KERNELS if kernel_context(spec, kernel)["kv_box"]] == ["gather"]
+        source = Path(module.__file__).read_text(encoding="utf-8")
+        assert "BLOCK_KV_HEAD=min(config.block_head, triton.next_power_of_2(kv_heads_per_peer))" in source
+        for kv_heads, block_head in ((1, 4), (3, 8), (3, 2)):
+            shape = make_shape(spec, N=2, S_local=3, heads=5, kv_heads=kv_heads, D=6, B=2)
+            blocks = {"block_peer": 2, "block_batch": 2, "block_seq": 2, "block_head": block_head, "block_dim": 4}
+            for stride_kind in ("contiguous", "wide"):
+                result = run_pass(module, shape, generator, tiny_configs(**blocks), stride_kind, fresh=False)
+                round_trip_holds(module, result)
+    bundled = [generated_module(name).SPEC for name in BUNDLED]
+    assert not any(kernel_context(spec, kernel)["kv_box"] for spec in bundled for kernel in KERNELS)
+
+
+class _Recorder:
+    """Stands in for a compiled kernel: keeps the keyword arguments of each launch."""
+
+    def __init__(self) -> None:
+        self.launches: list[dict[str, Any]] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        return lambda *args, **kwargs: self.launches.append(kwargs)
+
+
+def test_a_dense_short_innermost_axis_gives_its_stride_at_compile_time() -> None:
+    """A user side whose innermost axis is heads or batch rows (not dim): where every tensor is dense there, the
+    stride outside it is passed as its extent at compile time (spec 17's gather stored 2 bytes at a time with
+    8 heads innermost: STG.E.U16 x96, now STG.E.128 x4 for q and 4-byte stores for k and v's 2 heads; sm_90).
+    The launcher's flag follows the strides: contiguous tensors set it, a view with padded heads or one tensor
+    strided alone does not.  (The byte-exact tests above take both paths.)"""
+    from layoutgen.ulysses.render import kernel_context
+
+    with tempfile.TemporaryDirectory() as directory:
+        module = random_module(GQA_HEAD_INNERMOST, Path(directory))
+        spec = module.SPEC
+        assert kernel_context(spec, "gather")["dense_inner"]  # attention [seq, batch, dim, head]
+        assert kernel_context(spec, "scatter")["dense_inner"]  # local [seq, head, dim, batch]
+        shape = make_shape(spec, N=2, S_local=3, heads=3, kv_heads=1, D=4, B=2)
+        bufs = UlyssesBuffers.allocate(spec, "to_attention", shape)
+        config = tiny_configs()["gather"]
+        outputs = {t.name: torch.empty(tensor_shape(spec, shape, t, "attention"), dtype=shape.dtype)
+                   for t in spec.to_attention.tensors}  # fmt: skip
+        recorder = _Recorder()
+        module._launch_gather(bufs, *outputs.values(), config, False, kernel=recorder)
+        padded = torch.empty((*outputs["k"].shape[:-1], 2), dtype=shape.dtype)[..., :1]  # 1 head of 2 stored
+        module._launch_gather(bufs, outputs["q"], padded, outputs["v"], config, False, kernel=recorder)
+        assert [launch["DENSE_INNER"] for launch in recorder.launches] == [True, False]
+    bundled = [generated_module(name).SPEC for name in BUNDLED]
+    assert not any(kernel_context(spec, kernel)["dense_inner"] for spec in bundled for kernel in KERNELS)
 
 
 def test_every_tile_shape_of_the_shared_gqa_wire(generator: torch.Generator) -> None:

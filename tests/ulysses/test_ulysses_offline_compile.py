@@ -15,7 +15,7 @@ from typing import Any
 from conftest import compile_offline_in_subprocess, render_module
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from test_ulysses_kernels import spec_data
+from test_ulysses_kernels import FOUR_ALTERNATING, GQA_HEAD_INNERMOST, INTERLEAVED, spec_data
 
 from layoutgen.spec import parse_spec
 
@@ -37,3 +37,13 @@ def test_random_specs_compile_for_sm90_with_32_and_64_bit_offsets(
     result = compile_offline_in_subprocess(paths)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == SPECS * 4 * 2
+
+
+def test_alternating_tensors_and_kv_boxes_compile_for_sm90_with_32_and_64_bit_offsets(tmp_path: Path) -> None:
+    """The interleaved (`tl.interleave`) and split (`tl.split`) boxes of two and four tensors; k/v boxes of
+    their own heads where head is innermost."""
+    layouts = (INTERLEAVED, FOUR_ALTERNATING, GQA_HEAD_INNERMOST)
+    paths = [render_module(parse_spec(data, source="<test>"), tmp_path).__file__ for data in layouts]
+    result = compile_offline_in_subprocess(paths)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == len(layouts) * 4 * 2
