@@ -316,14 +316,18 @@ def timed(bench: Bench, ceiling: CopyCeiling, run: Callable[[int], Any], sets: i
     return {"us": timing["us"], "tbps": timing["tbps"], "copy_us": copy_us, "of_copy": copy_us / timing["us"]}
 
 
-def dcp_kernel(bench: Bench, ceiling: CopyCeiling, module: Any, kernel: str, point: dict[str, int]) -> dict[str, Any]:
-    """One DCP kernel at `point`, checked against `layoutgen.dcp.reference`, timed with the default config."""
+def dcp_kernel(
+    bench: Bench, ceiling: CopyCeiling, module: Any, kernel: str, point: dict[str, int], config: Any = None
+) -> dict[str, Any]:
+    """One DCP kernel at `point`, checked against `layoutgen.dcp.reference`, timed with `config` (by default
+    the family's default config)."""
     from layoutgen.dcp import reference
     from layoutgen.dcp.tolerances import combine_error
 
     N, B, H, D = point["N"], point["B"], point["H"], point["D"]
     device = bench.device
-    config, _ = bench.config(module, kernel, N, H, D, B)  # no database given: the family's default
+    if config is None:
+        config, _ = bench.config(module, kernel, N, H, D, B)  # no database given: the family's default
     nbytes = bench.bytes_moved(module, kernel, N, H, D, B)
     sets = bench.sets(nbytes)
     outs = [torch.randn(B, H, D, dtype=DTYPE, device=device) for _ in range(sets)]

@@ -92,6 +92,10 @@
 #                                               short innermost axis at compile time: the kernels it renders for (specs
 #                                               13 and 17) over tiles and warps, bench_unseen_specs.py's Ulysses half,
 #                                               the Ulysses GPU tests
+#   bash benchmarks/gpu_session.sh unseen14 OUT  (fourteenth pass) the Ulysses kernels of all eight specs over runs of 32
+#                                               and 64 bytes; bench_unseen_specs.py's transposing DCP combines over 48
+#                                               configs of the tuner's space and 24 boxes along batch
+#                                               (probe_unseen_dcp.py); bench_unseen_specs.py's DCP half
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -549,6 +553,20 @@ dense)
         --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json 2>&1 | tail -8
     timeout 200 python3 -m pytest -v -p no:cacheprovider tests/ulysses/test_ulysses_gpu.py 2>&1 \
         | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tee "$out/gpu_tests_dense.log" | tail -2
+    ;;
+unseen14)
+    # (Fourteenth pass.) How far the untuned transposing combines sit from what their space holds, and whether
+    # shorter runs (spec 13's gather_out: 77% with 32 bytes along seq in a 1 KiB box) help the other kernels.
+    # The pass ran these as four calls, in this order.
+    timeout 230 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 12,13,14,15,16,17,18,19 \
+        --runs 32,64 --tiles 1024,2048,8192 --warps 4 --label runs14 2>&1 | tail -2
+    timeout 500 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs 0,1,3,5,7,8,9 --kernel combine \
+        --sample 48 --label unseen14 2>&1 | tail -9
+    timeout 330 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs 7,9,5 --kernel combine --sample 0 \
+        --grid 32,64,128,256:1:8,16,32:1,4 --label grid14 2>&1 | tail -4
+    # After the new batch-innermost combine default:
+    timeout 420 python3 benchmarks/bench_unseen_specs.py --family dcp --out "$out" \
+        --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json 2>&1 | tail -4
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

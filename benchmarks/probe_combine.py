@@ -52,18 +52,26 @@ def config_name(config: Any) -> str:
 
 
 def space_configs(
-    module: Any, N: int, B: int, H: int, D: int, pool: Any, kernel: str = "combine", sample: int = 0
+    module: Any,
+    N: int,
+    B: int,
+    H: int,
+    D: int,
+    pool: Any,
+    kernel: str = "combine",
+    sample: int = 0,
+    configs: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Every feasible config of the tuner's `kernel` space at this point, compiled ahead on `pool` (pack: the
     masked variant too, as the workload's compile job holds both forms); `sample` of them at random, seeded
-    by the point, when there are more."""
+    by the point, when there are more.  Given `configs`, those instead of the space's."""
     from layoutgen.dcp import FAMILY
     from layoutgen.tuning.objective import Target
     from layoutgen.tuning.problem import Problem
     from layoutgen.tuning.space import bind
 
     problem = Problem(module.SPEC, kernel, (("N", N), ("Hl", H // N), ("D", D)), "bfloat16")
-    feasible = bind(problem, B).feasible()
+    feasible = bind(problem, B).feasible() if configs is None else configs
     if sample and len(feasible) > sample:
         feasible = random.Random(f"{module.SPEC_NAME} {N} {B} {H} {D}").sample(feasible, sample)
     workload = FAMILY.workload(Target(problem, module), B, torch.device("cuda"), device_l2_bytes(0))

@@ -275,13 +275,15 @@ class SpaceExtents:
     destination's innermost axis (stores coalesce along it), the bytes of one element moved, how many
     source elements each destination element loads (N for a merge of N partials, 1 for a copy), and the
     smallest block the kernel accepts along an axis, or the smallest worth searching (an fp8 pack's dim block
-    holds whole scale blocks, or chunks of at least 16 elements where it walks them in chunks)."""
+    holds whole scale blocks, or chunks of at least 16 elements where it walks them in chunks), and the
+    source's innermost axis where it is another (loads coalesce along it: the innermost caps apply there too)."""
 
     extents: Mapping[str, int]
     innermost: str
     elem_bytes: int
     loads_per_element: int = 1
     floors: Mapping[str, int] = field(default_factory=dict)
+    source_innermost: str | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------

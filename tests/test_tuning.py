@@ -162,6 +162,27 @@ def test_the_combine_space_holds_sglangs_shape() -> None:
     assert any("bytes per thread" in reason for reason in one.violations(sglang_shape))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float8_e4m3fn", "input"])
+def test_a_batch_innermost_combine_searches_runs_along_batch(dtype: str) -> None:
+    # Its loads coalesce along batch (the payload's innermost axis): the space goes past the 16 rows other
+    # layouts stop at, and holds the family's default (32 rows on float32 and fp8 wires).
+    from conftest import make_spec
+
+    spec = make_spec(
+        name="batch_inner",
+        transport="all_to_all_single",
+        payload={"axes": ["peer", "head", "dim", "batch"], "dtype": dtype},
+        stats={"placement": "separate", "axes": ["peer", "head", "slot", "batch"]},
+    )
+    problem = dcp_problem(spec, "combine", 8, 16, 512, "bfloat16")
+    bound = space.bind(problem, 1024)
+    assert max(bound.choices["block_batch"]) == 256
+    default = DCP_FAMILY.default_config(problem, 1024)
+    assert bound.is_feasible(default), bound.violations(default)
+    row_major = space.bind(dcp_problem(bundled_specs()["vllm_a2a"], "combine", 8, 16, 512, "bfloat16"), 1024)
+    assert max(row_major.choices["block_batch"]) == 16
+
+
 def test_combine_tiles_count_the_partials_they_load() -> None:
     # 2 heads x 128 bf16 writes 512 bytes but loads N times that: in the space at N = 8 (4 KiB loaded) and
     # N = 2 (1 KiB), out of it at N = 1; the same tile in pack (one load) stays out.

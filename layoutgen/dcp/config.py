@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from layoutgen.config import LaunchConfig, grow_box, next_pow2
-from layoutgen.dcp.spec import DcpSpec, PayloadDtype
+from layoutgen.dcp.spec import DcpSpec
 
 
 @dataclass(frozen=True)
@@ -183,13 +183,17 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
     """
     heads, dims = next_pow2(heads_per_peer), next_pow2(D)
     if spec.payload.axes[-1] == "batch":
-        # Loads coalesce along batch: a run of rows, a narrow dim block.  For a wire in `out`'s dtype, the
-        # tuner's pick for bf16 [head, dim, peer, batch] at N 8, B 1024, H 128, D 512 on the H200: 16 x 32 x
-        # 4 warps, 44% of the copy ceiling untuned (30% with 32 x 32 x 1 warp); on float32 and fp8 wires it
-        # lost 4-6 points to that one (bench_unseen_specs.py), which they keep.
-        if spec.payload.dtype == PayloadDtype.INPUT:
-            return CombineConfig(block_batch=min(next_pow2(B), 16), block_head=1, block_dim=min(dims, 32), num_warps=4)
-        return CombineConfig(block_batch=min(next_pow2(B), 32), block_head=1, block_dim=min(dims, 32), num_warps=1)
+        # Loads coalesce along batch: a long run of rows, a narrow dim block.  H200, N 8, B 1024, H 128,
+        # D 512, 24 boxes of 32-256 rows x 8-32 dims x 1 or 4 warps (probe_unseen_dcp.py, fourteenth pass):
+        # 128 x 16 x 4 warps took bf16 [head, dim, peer, batch] from 55% of the copy ceiling (16 x 32 x 4)
+        # to 94% and float32 [dim, peer, head, batch] from 89% (32 x 32 x 1) to 95%; fp8 wires lost nothing
+        # to 32 x 32 x 1 in that grid but one box (50-52%, 60% once at 64 x 32 x 1), so they keep it.
+        if spec.fp8:
+            return CombineConfig(block_batch=min(next_pow2(B), 32), block_head=1, block_dim=min(dims, 32), num_warps=1)
+        rows = min(next_pow2(B), 128)
+        return CombineConfig(
+            block_batch=rows, block_head=1, block_dim=min(dims, 16), num_warps=max(1, min(4, rows // 32))
+        )
     if spec.payload.axes[-1] == "head":
         # Loads coalesce along head: a run of heads per row, a few rows, a narrow dim block.  Near the tuner's
         # picks on the H200 at N 8, B 1024, H 128, D 512: bf16 [peer, batch, dim, head] 4 x 16 x 32, 2 warps,

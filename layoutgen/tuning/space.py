@@ -143,7 +143,7 @@ def bind(problem: Problem, bucket: int) -> BoundSpace:
     sizes, innermost = extents.extents, extents.innermost
     choices: dict[str, tuple[int, ...]] = {}
     for name, axis in space.blocks:
-        cap = space.innermost_caps.get(axis) if axis == innermost else None
+        cap = space.innermost_caps.get(axis) if axis in (innermost, extents.source_innermost) else None
         cap = cap if cap is not None else space.caps.get(axis)
         high = next_pow2(sizes[axis]) if cap is None else min(next_pow2(sizes[axis]), cap)
         low = min(high, max(1, space.sector_bytes // extents.elem_bytes)) if axis == innermost else 1

@@ -1,0 +1,150 @@
+"""GPU probe: what the DCP kernels of `bench_unseen_specs.py`'s random specs reach over the tuner's space.
+
+`bench_unseen_specs.py` times every drawn spec with its default config only.  Where a kernel runs far from
+the copy ceiling, this times its default beside a seeded sample of the tuner's search space (`--sample`
+configs, compiled ahead on the tuner's process pool) at the same point and under the same rotation, each
+config checked against `layoutgen.dcp.reference` first (`bench_unseen_specs.dcp_kernel`): how far the
+default is from what the kernel can do, and which boxes get there.
+
+Results: `<out>/probe_unseen_dcp_<label>_<device>.json` (every config's time) and `.md` (per kernel: the
+default, the best and the five after it), both rewritten after every kernel.
+
+Usage (GPU): python benchmarks/probe_unseen_dcp.py --out DIR [--label L] [--seed 0] [--specs 1,7,9]
+             [--kernel combine] [--kernel pack] [--sample 60]
+             [--grid 32,64,128:1:8,16,32:1,2,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from bench_dcp_v2 import Bench, environment
+from bench_unseen_specs import DCP_POINT, CopyCeiling, dcp_kernel, dcp_layout, render, sample_specs
+from probe_combine import space_configs
+
+
+def grid_configs(kernel: str, grid: str, N: int, Hl: int, D: int) -> list[Any]:
+    """The boxes of `--grid BATCH:HEAD:DIM:WARPS` (comma-separated lists; pack: one peer) that fit the point."""
+    from layoutgen.dcp.config import CONFIG_TYPES
+
+    batches, heads, dims, warps = ([int(v) for v in part.split(",")] for part in grid.split(":"))
+    extra = {"block_peer": 1} if kernel == "pack" else {}
+    return [
+        CONFIG_TYPES[kernel](block_batch=b, block_head=h, block_dim=d, num_warps=w, **extra)
+        for b, h, d, w in itertools.product(batches, heads, dims, warps)
+        if h <= Hl and d <= D
+    ]
+
+
+def probe_kernel(
+    bench: Bench, ceiling: CopyCeiling, module: Any, kernel: str, sample: int, pool: Any, grid: str | None
+) -> list[dict[str, Any]]:
+    """The default, `sample` configs of the tuner's space and the `grid`'s boxes, each checked and timed at
+    DCP_POINT."""
+    N, B, H, D = DCP_POINT["N"], DCP_POINT["B"], DCP_POINT["H"], DCP_POINT["D"]
+    configs: dict[str, Any] = {"default": None}
+    if sample:
+        configs.update(space_configs(module, N, B, H, D, pool, kernel=kernel, sample=sample))
+    if grid:
+        boxes = grid_configs(kernel, grid, N, H // N, D)
+        configs.update(space_configs(module, N, B, H, D, pool, kernel=kernel, configs=boxes))
+    rows = []
+    for name, config in configs.items():
+        try:
+            row = dcp_kernel(bench, ceiling, module, kernel, DCP_POINT, config)
+        except Exception as error:  # a config the launcher refuses, or one that fails its check: say so
+            rows.append({"name": name, "error": f"{type(error).__name__}: {error}"})
+            continue
+        rows.append({"name": name, "config": row["config"], "us": row["us"], "of_copy": row["of_copy"]})
+        torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    env = results["environment"]
+    lines = [
+        f"# Unseen DCP specs over the tuner's space ({results['label']}) on {env.get('device', 'cpu')}",
+        "",
+        f"{results['date']}; torch {env.get('torch')}, triton {env.get('triton')}; seed {results['seed']}, point "
+        f"{', '.join(f'{k} {v}' for k, v in DCP_POINT.items())}, bf16 `out`; {results['sample']} configs of each "
+        "kernel's space and its default, CUDA-graph replay medians, rotated inputs; % of copy = a plain copy of "
+        "the same bytes, same rotation.",
+        "",
+        "| spec | layout | kernel | default | % | best | % | next five (% of copy) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in results["kernels"]:
+        timed = sorted((r for r in entry["rows"] if "us" in r), key=lambda r: r["us"])
+        default = next((r for r in entry["rows"] if r["name"] == "default" and "us" in r), None)
+        if not timed or default is None:
+            lines.append(f"| {entry['spec']} | {entry['layout']} | {entry['kernel']} | failed | | | | |")
+            continue
+        best = timed[0]
+        following = ", ".join(f"{config_name_of(r)} ({r['of_copy']:.0%})" for r in timed[1:6])
+        lines.append(
+            f"| {entry['spec']} | {entry['layout']} | {entry['kernel']} | {config_name_of(default)}: "
+            f"{default['us']:.2f} µs | {default['of_copy']:.0%} | {config_name_of(best)}: {best['us']:.2f} µs | "
+            f"{best['of_copy']:.0%} | {following} |"
+        )
+    lines += ["", "Configs: " + "batch x head x dim x warps (pack: peer x batch x head x dim x warps).", ""]
+    return "\n".join(lines)
+
+
+def config_name_of(row: dict[str, Any]) -> str:
+    config = row["config"]
+    axes = [config[k] for k in ("block_peer", "block_batch", "block_head", "block_dim") if k in config]
+    return "x".join(str(value) for value in [*axes, config["num_warps"]])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--label", default="committed")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--specs", default="1,7,9", help="indices of the seed's DCP specs (0-11)")
+    parser.add_argument("--kernel", action="append", choices=("pack", "combine"))
+    parser.add_argument("--sample", type=int, default=60, help="configs of the tuner's space (0: none)")
+    parser.add_argument("--grid", help="BATCH:HEAD:DIM:WARPS, comma-separated lists: boxes beside the space's")
+    args = parser.parse_args()
+    from layoutgen.tuning.compile import CompilePool, default_compile_workers
+
+    specs = sample_specs(12, 0, args.seed)
+    bench = Bench(False, None)
+    ceiling = CopyCeiling(bench)
+    pool = CompilePool(default_compile_workers(1))
+    results: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "environment": environment(),
+        "label": args.label,
+        "seed": args.seed,
+        "sample": args.sample,
+        "kernels": [],
+    }
+    stem = f"probe_unseen_dcp_{args.label}_{torch.cuda.get_device_name().replace(' ', '_')}"
+    with tempfile.TemporaryDirectory() as directory:
+        for index in (int(value) for value in args.specs.split(",")):
+            _, spec = specs[index]
+            module = render(spec, Path(directory))
+            for kernel in args.kernel or ["combine"]:
+                rows = probe_kernel(bench, ceiling, module, kernel, args.sample, pool, args.grid)
+                results["kernels"].append({"spec": index, "layout": dcp_layout(spec), "kernel": kernel, "rows": rows})
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+                (args.out / f"{stem}.md").write_text(markdown(results), encoding="utf-8")
+                print(markdown(results).splitlines()[-3], flush=True)
+    pool.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
