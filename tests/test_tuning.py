@@ -165,7 +165,7 @@ def test_the_combine_space_holds_sglangs_shape() -> None:
 @pytest.mark.parametrize("dtype", ["float32", "float8_e4m3fn", "input"])
 def test_a_batch_innermost_combine_searches_runs_along_batch(dtype: str) -> None:
     # Its loads coalesce along batch (the payload's innermost axis): the space goes past the 16 rows other
-    # layouts stop at, and holds the family's default (32 rows on float32 and fp8 wires).
+    # layouts stop at, and holds the family's default (128 rows, 32 on fp8 wires).
     from conftest import make_spec
 
     spec = make_spec(

@@ -151,7 +151,7 @@ class DcpFamily(Family):
             floors = {"dim": pack_search_floor(problem.spec, D)} if problem.spec.fp8 else {}
             return SpaceExtents(extents, problem.spec.payload.axes[-1], wire, 1, floors)
         # Each output element loads N partials.  A payload with batch innermost is loaded along batch: without
-        # its innermost cap the space stopped at 16 rows, under the default's 32 for float32 and fp8 wires.
+        # its innermost cap the space stopped at 16 rows, under its defaults (128 rows, 32 on fp8 wires).
         return SpaceExtents(extents, "dim", elem, N, source_innermost=problem.spec.payload.axes[-1])
 
     def compile_variant(self, module: ModuleType, job: Mapping[str, Any], kernel_proxy: Any) -> None:
