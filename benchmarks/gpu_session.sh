@@ -96,6 +96,10 @@
 #                                               and 64 bytes; bench_unseen_specs.py's transposing DCP combines over 48
 #                                               configs of the tuner's space and 24 boxes along batch
 #                                               (probe_unseen_dcp.py); bench_unseen_specs.py's DCP half
+#   bash benchmarks/gpu_session.sh fifteen OUT   (fifteenth pass) a plain copy into padded rows (probe_row_padding.py);
+#                                               the dim-innermost pack defaults of this tree and of OLD_TREE (a copy of
+#                                               the previous package, first on PYTHONPATH) at B 1-1024; bench_unseen_specs.py's
+#                                               DCP half; the DCP GPU tests
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -567,6 +571,22 @@ unseen14)
     # After the new batch-innermost combine default:
     timeout 420 python3 benchmarks/bench_unseen_specs.py --family dcp --out "$out" \
         --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json 2>&1 | tail -4
+    ;;
+fifteen)
+    # (Fifteenth pass.) Why row-tail layouts padded past their stats pack under 80%, and the dim-innermost pack
+    # defaults measured against the rule before them, side by side.
+    timeout 120 python3 benchmarks/probe_row_padding.py --out "$out" 2>&1 | tail -14
+    specs="--specs 2,4,6,10,11 --bundled pynccl_a2a,pynccl_a2a_aligned,vllm_a2a,flashinfer_mnnvl,pynccl_a2a_fp8,vllm_a2a_fp8"
+    timeout 170 python3 benchmarks/probe_unseen_dcp.py --out "$out" $specs --batches 1,8,64,256,1024 --kernel pack \
+        --sample 0 --label defaults_new15 2>&1 | tail -1
+    if [ -n "${OLD_TREE:-}" ]; then
+        PYTHONPATH=/tmp/site:$OLD_TREE:$PWD timeout 170 python3 benchmarks/probe_unseen_dcp.py --out "$out" $specs \
+            --batches 1,8,64,256,1024 --kernel pack --sample 0 --label defaults_old15 2>&1 | tail -1
+    fi
+    timeout 230 python3 benchmarks/bench_unseen_specs.py --family dcp --out "$out" \
+        --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json 2>&1 | tail -3
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_v2_gpu.py tests/gpu/test_dcp_fp8_gpu.py \
+        2>&1 | tee "$out/gpu_tests.log" | tail -3
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

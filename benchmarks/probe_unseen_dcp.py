@@ -10,8 +10,9 @@ Results: `<out>/probe_unseen_dcp_<label>_<device>.json` (every config's time) an
 default, the best and the five after it), both rewritten after every kernel.
 
 Usage (GPU): python benchmarks/probe_unseen_dcp.py --out DIR [--label L] [--seed 0] [--specs 1,7,9]
+             [--bundled pynccl_a2a,vllm_a2a] [--batches 1,8,64,1024]
              [--kernel combine] [--kernel pack] [--sample 60]
-             [--grid 32,64,128:1:8,16,32:1,2,4]
+             [--grid 32,64,128:1:8,16,32:1,2,4[:1,2,8]]
 """
 
 from __future__ import annotations
@@ -34,24 +35,29 @@ from probe_combine import space_configs
 
 
 def grid_configs(kernel: str, grid: str, N: int, Hl: int, D: int) -> list[Any]:
-    """The boxes of `--grid BATCH:HEAD:DIM:WARPS` (comma-separated lists; pack: one peer) that fit the point."""
+    """The boxes of `--grid BATCH:HEAD:DIM:WARPS[:PEER]` (comma-separated lists; PEER, pack only, defaults to 1)
+    that fit the point."""
     from layoutgen.dcp.config import CONFIG_TYPES
 
-    batches, heads, dims, warps = ([int(v) for v in part.split(",")] for part in grid.split(":"))
-    extra = {"block_peer": 1} if kernel == "pack" else {}
-    return [
-        CONFIG_TYPES[kernel](block_batch=b, block_head=h, block_dim=d, num_warps=w, **extra)
-        for b, h, d, w in itertools.product(batches, heads, dims, warps)
-        if h <= Hl and d <= D
-    ]
+    parts = [[int(v) for v in part.split(",")] for part in grid.split(":")]
+    batches, heads, dims, warps = parts[:4]
+    peers = parts[4] if len(parts) > 4 else [1]
+    configs = []
+    for b, h, d, w, p in itertools.product(batches, heads, dims, warps, peers):
+        if h > Hl or d > D or p > N:
+            continue
+        extra = {"block_peer": p} if kernel == "pack" else {}
+        configs.append(CONFIG_TYPES[kernel](block_batch=b, block_head=h, block_dim=d, num_warps=w, **extra))
+    return list(dict.fromkeys(configs))
 
 
 def probe_kernel(
-    bench: Bench, ceiling: CopyCeiling, module: Any, kernel: str, sample: int, pool: Any, grid: str | None
+    bench: Bench, ceiling: CopyCeiling, module: Any, kernel: str, sample: int, pool: Any, grid: str | None, B: int
 ) -> list[dict[str, Any]]:
     """The default, `sample` configs of the tuner's space and the `grid`'s boxes, each checked and timed at
-    DCP_POINT."""
-    N, B, H, D = DCP_POINT["N"], DCP_POINT["B"], DCP_POINT["H"], DCP_POINT["D"]
+    DCP_POINT with batch B."""
+    point = {**DCP_POINT, "B": B}
+    N, H, D = point["N"], point["H"], point["D"]
     configs: dict[str, Any] = {"default": None}
     if sample:
         configs.update(space_configs(module, N, B, H, D, pool, kernel=kernel, sample=sample))
@@ -61,7 +67,7 @@ def probe_kernel(
     rows = []
     for name, config in configs.items():
         try:
-            row = dcp_kernel(bench, ceiling, module, kernel, DCP_POINT, config)
+            row = dcp_kernel(bench, ceiling, module, kernel, point, config)
         except Exception as error:  # a config the launcher refuses, or one that fails its check: say so
             rows.append({"name": name, "error": f"{type(error).__name__}: {error}"})
             continue
@@ -76,23 +82,23 @@ def markdown(results: dict[str, Any]) -> str:
         f"# Unseen DCP specs over the tuner's space ({results['label']}) on {env.get('device', 'cpu')}",
         "",
         f"{results['date']}; torch {env.get('torch')}, triton {env.get('triton')}; seed {results['seed']}, point "
-        f"{', '.join(f'{k} {v}' for k, v in DCP_POINT.items())}, bf16 `out`; {results['sample']} configs of each "
+        f"{', '.join(f'{k} {v}' for k, v in DCP_POINT.items())} (B as the row says), bf16 `out`; {results['sample']} configs of each "
         "kernel's space and its default, CUDA-graph replay medians, rotated inputs; % of copy = a plain copy of "
         "the same bytes, same rotation.",
         "",
-        "| spec | layout | kernel | default | % | best | % | next five (% of copy) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| spec | layout | kernel | B | default | % | best | % | next five (% of copy) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for entry in results["kernels"]:
         timed = sorted((r for r in entry["rows"] if "us" in r), key=lambda r: r["us"])
         default = next((r for r in entry["rows"] if r["name"] == "default" and "us" in r), None)
         if not timed or default is None:
-            lines.append(f"| {entry['spec']} | {entry['layout']} | {entry['kernel']} | failed | | | | |")
+            lines.append(f"| {entry['spec']} | {entry['layout']} | {entry['kernel']} | {entry['B']} | failed | | | | |")
             continue
         best = timed[0]
         following = ", ".join(f"{config_name_of(r)} ({r['of_copy']:.0%})" for r in timed[1:6])
         lines.append(
-            f"| {entry['spec']} | {entry['layout']} | {entry['kernel']} | {config_name_of(default)}: "
+            f"| {entry['spec']} | {entry['layout']} | {entry['kernel']} | {entry['B']} | {config_name_of(default)}: "
             f"{default['us']:.2f} µs | {default['of_copy']:.0%} | {config_name_of(best)}: {best['us']:.2f} µs | "
             f"{best['of_copy']:.0%} | {following} |"
         )
@@ -111,10 +117,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--label", default="committed")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--specs", default="1,7,9", help="indices of the seed's DCP specs (0-11)")
+    parser.add_argument("--specs", default="1,7,9", help="indices of the seed's DCP specs (0-11); '' for none")
+    parser.add_argument("--bundled", default="", help="bundled DCP spec names besides them, comma-separated")
+    parser.add_argument("--batches", default=str(DCP_POINT["B"]), help="batch sizes, comma-separated")
     parser.add_argument("--kernel", action="append", choices=("pack", "combine"))
     parser.add_argument("--sample", type=int, default=60, help="configs of the tuner's space (0: none)")
-    parser.add_argument("--grid", help="BATCH:HEAD:DIM:WARPS, comma-separated lists: boxes beside the space's")
+    parser.add_argument("--grid", help="BATCH:HEAD:DIM:WARPS[:PEER], comma-separated lists: boxes beside the space's")
     args = parser.parse_args()
     from layoutgen.tuning.compile import CompilePool, default_compile_workers
 
@@ -131,13 +139,18 @@ def main() -> int:
         "kernels": [],
     }
     stem = f"probe_unseen_dcp_{args.label}_{torch.cuda.get_device_name().replace(' ', '_')}"
+    from layoutgen.spec import bundled_specs
+
+    chosen = [(str(index), specs[index][1]) for index in (int(value) for value in args.specs.split(",") if value)]
+    chosen += [(name, bundled_specs()[name]) for name in args.bundled.split(",") if name]
     with tempfile.TemporaryDirectory() as directory:
-        for index in (int(value) for value in args.specs.split(",")):
-            _, spec = specs[index]
+        for label, spec in chosen:
             module = render(spec, Path(directory))
-            for kernel in args.kernel or ["combine"]:
-                rows = probe_kernel(bench, ceiling, module, kernel, args.sample, pool, args.grid)
-                results["kernels"].append({"spec": index, "layout": dcp_layout(spec), "kernel": kernel, "rows": rows})
+            for kernel, B in itertools.product(args.kernel or ["combine"], (int(b) for b in args.batches.split(","))):
+                rows = probe_kernel(bench, ceiling, module, kernel, args.sample, pool, args.grid, B)
+                results["kernels"].append(
+                    {"spec": label, "layout": dcp_layout(spec), "kernel": kernel, "B": B, "rows": rows}
+                )
                 args.out.mkdir(parents=True, exist_ok=True)
                 (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
                 (args.out / f"{stem}.md").write_text(markdown(results), encoding="utf-8")

@@ -259,7 +259,8 @@ def test_default_pack_configs_launch(block: int | None, innermost: str) -> None:
             check_pack_tile(spec, D, config)
             if innermost == "dim":
                 assert config.block_dim >= next_pow2(spec.scale_block_of(D))
-                assert config.tile_elements <= 16 * 32 * config.num_warps or config.num_warps == 16
+                per_thread = 16 if B <= 8 else 32  # measured: probe_unseen_dcp_defaults15_H200.md
+                assert config.tile_elements <= per_thread * 32 * config.num_warps or config.num_warps == 8
                 continue
             if B == 1024 and innermost == "batch":
                 assert (config.block_batch, config.block_dim) == (64, 64), config

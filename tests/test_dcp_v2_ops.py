@@ -251,6 +251,32 @@ def test_default_configs_of_head_and_peer_innermost_layouts_take_whole_runs() ->
     assert (pack.block_head, pack.block_dim, pack.num_warps) == (16, 128, 4)
 
 
+def test_dim_innermost_pack_defaults_take_rows_next_to_each_other() -> None:
+    """With dim innermost, pack's default box takes whole rows of D along the destination's innermost row axis
+    (heads in [peer, batch, head, dim], peers in [head, batch, peer, dim]), 2048 elements at 8 per thread
+    (1024 at B <= 8, 4096 heads at 8 < B <= 64); an fp8 wire whole scale blocks at 32 per thread (16 at B <= 8)."""
+    from layoutgen.dcp.config import default_pack_config
+
+    heads_next = bundled_specs()["pynccl_a2a"]
+    pack = default_pack_config(heads_next, 8, 16, 512, 1024, 2)
+    assert (pack.block_peer, pack.block_batch, pack.block_head, pack.block_dim, pack.num_warps) == (1, 1, 4, 512, 8)
+    pack = default_pack_config(heads_next, 8, 16, 512, 8, 2)
+    assert (pack.block_head, pack.block_dim, pack.num_warps) == (2, 512, 4)
+    pack = default_pack_config(heads_next, 8, 16, 512, 64, 2)  # there 4096 elements of heads measured faster
+    assert (pack.block_head, pack.block_dim, pack.num_warps) == (8, 512, 4)
+    peers_next = _with_payload_axes("pynccl_a2a", ("head", "batch", "peer", "dim"))
+    pack = default_pack_config(peers_next, 8, 16, 512, 1024, 2)
+    assert (pack.block_peer, pack.block_batch, pack.block_head, pack.block_dim) == (4, 1, 1, 512)
+    rows_next = _with_payload_axes("pynccl_a2a", ("head", "peer", "batch", "dim"))
+    assert default_pack_config(rows_next, 8, 16, 128, 1024, 2).block_batch == 16  # short rows: more of them
+    assert default_pack_config(rows_next, 2, 3, 40, 3, 2).tile_elements <= 1024  # awkward extents stay within
+    fp8 = bundled_specs()["pynccl_a2a_fp8"]
+    pack = default_pack_config(fp8, 8, 16, 512, 1024, 1)
+    assert (pack.block_head, pack.block_dim, pack.num_warps) == (4, 512, 2)
+    assert default_pack_config(fp8, 8, 16, 512, 1, 1).num_warps == 2  # 1024 elements, 16 per thread
+    assert default_pack_config(fp8, 8, 16, 2048, 1024, 1).block_dim == 1024  # the launcher's widest dim block
+
+
 def test_configs_are_the_same_types() -> None:
     # The v2 forms add no launch parameters: the tuner's spaces and the database's configs are unchanged.
     assert [f.name for f in dataclasses.fields(PackConfig)] == [
