@@ -167,7 +167,7 @@ def _dim_innermost_pack_config(
     six bundled ones timed with this rule and the one before it, 8 heads x 512 dims x 4 warps (8 on fp8
     wires), side by side (probe_unseen_dcp_defaults{old,new}15_H200.md):
 
-    * B > 64: 2048 elements, 8 per thread (32 on fp8 wires): 0.77-0.98x the time at B 1024, all 11 faster.
+    * B > 64: 2048 elements, 8 per thread (32 on fp8 wires): 0.77-0.98x the time at B 1024, 0.80-0.99x at 256.
       Rows padded past their stats words, which leave part of an L2 sector unwritten in every row and cost a
       plain copy 21% (probe_row_padding_H200.md), went from 69-80% of the copy ceiling to 83-90%.
     * B <= 8: 1024 elements, 8 per thread (16 on fp8 wires; more programs shorten the one wave): 0.82-1.01x.
