@@ -124,6 +124,7 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=60, help="configs of the tuner's space (0: none)")
     parser.add_argument("--grid", help="BATCH:HEAD:DIM:WARPS[:PEER], comma-separated lists: boxes beside the space's")
     args = parser.parse_args()
+    from layoutgen.spec import bundled_specs
     from layoutgen.tuning.compile import CompilePool, default_compile_workers
 
     specs = sample_specs(12, 0, args.seed)
@@ -139,10 +140,9 @@ def main() -> int:
         "kernels": [],
     }
     stem = f"probe_unseen_dcp_{args.label}_{torch.cuda.get_device_name().replace(' ', '_')}"
-    from layoutgen.spec import bundled_specs
-
     chosen = [(str(index), specs[index][1]) for index in (int(value) for value in args.specs.split(",") if value)]
-    chosen += [(name, bundled_specs()[name]) for name in args.bundled.split(",") if name]
+    bundled = bundled_specs()
+    chosen += [(name, bundled[name]) for name in args.bundled.split(",") if name]
     with tempfile.TemporaryDirectory() as directory:
         for label, spec in chosen:
             module = render(spec, Path(directory))

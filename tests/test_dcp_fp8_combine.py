@@ -259,7 +259,7 @@ def test_default_pack_configs_launch(block: int | None, innermost: str) -> None:
             check_pack_tile(spec, D, config)
             if innermost == "dim":
                 assert config.block_dim >= next_pow2(spec.scale_block_of(D))
-                per_thread = 16 if B <= 8 else 32  # measured: probe_unseen_dcp_defaults15_H200.md
+                per_thread = 16 if B <= 8 else 32  # measured: probe_unseen_dcp_defaults_{old,new}15_H200.md
                 assert config.tile_elements <= per_thread * 32 * config.num_warps or config.num_warps == 8
                 continue
             if B == 1024 and innermost == "batch":
