@@ -100,6 +100,11 @@
 #                                               the dim-innermost pack defaults of this tree and of OLD_TREE (a copy of
 #                                               the previous package, first on PYTHONPATH) at B 1-1024; bench_unseen_specs.py's
 #                                               DCP half; the DCP GPU tests
+#   bash benchmarks/gpu_session.sh sixteen OUT   (sixteenth pass) the transposing fp8 combines, their scales loaded as a
+#                                               3-D tile, against OLD_TREE's: seed 0's specs 1 and 7 over boxes, the
+#                                               other seeds' defaults; the Ulysses programs' order along seq
+#                                               (ORDER_TREE, a variant that reads PROBE_SEQ_GROUP) on spec 13
+#                                               (a call returns at most 8 files: tar OUT before it ends)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -587,6 +592,28 @@ fifteen)
         --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json 2>&1 | tail -3
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_v2_gpu.py tests/gpu/test_dcp_fp8_gpu.py \
         2>&1 | tee "$out/gpu_tests.log" | tail -3
+    ;;
+sixteen)
+    # (Sixteenth pass.) The fp8 combines whose payload's innermost axis is not dim, this tree against OLD_TREE.
+    for tree in new old; do
+        path=$PYTHONPATH
+        [ "$tree" = old ] && path=/tmp/site:$OLD_TREE:$PWD
+        PYTHONPATH=$path timeout 110 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs 7 --kernel combine \
+            --sample 0 --grid 32,64,128:1:16,32:1,2,4 --label comb16_${tree}_s7 2>&1 | tail -1
+        PYTHONPATH=$path timeout 70 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs 1 --kernel combine \
+            --sample 0 --grid 2,4,8:16:32,64:1,2 --label comb16_${tree}_s1 2>&1 | tail -1
+        for drawn in 0:1,7 1:3,9 2:3,5,7 3:3,5,9,11; do
+            PYTHONPATH=$path timeout 40 python3 benchmarks/probe_unseen_dcp.py --out "$out" --seed "${drawn%%:*}" \
+                --specs "${drawn#*:}" --batches 64,1024 --kernel combine --sample 0 \
+                --label comb16_${tree}_seed${drawn%%:*} 2>&1 | tail -1
+        done
+    done
+    if [ -n "${ORDER_TREE:-}" ]; then
+        for group in 1 4 16 1048576; do
+            PROBE_SEQ_GROUP=$group PYTHONPATH=/tmp/site:$ORDER_TREE:$PWD timeout 60 python3 benchmarks/probe_ulysses_boxes.py \
+                --out "$out" --specs 13 --runs 32,128 --tiles 1024,8192 --warps 4 --label order$group 2>&1 | tail -1
+        done
+    fi
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

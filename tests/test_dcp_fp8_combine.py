@@ -2,7 +2,7 @@
 
 * pack -> exchange -> combine against the float64 merge of the dequantised partials, within the output
   dtype's tolerance (`layoutgen.dcp.tolerances`), for the bundled fp8 specs and rendered ones (e5m2, (max,
-  sum) in a row tail, 16-element blocks, a transposing layout), bases e and 2, the merged LSE, an output
+  sum) in a row tail, 16-element blocks, layouts with peer, batch or head innermost), bases e and 2, the merged LSE, an output
   scale, tiles narrower than a scale block (its programs share a block) and wider (several blocks);
 * empty entries whose codes and scales hold NaN (and a zero or NaN sum) never reach the output; a row empty
   on every rank merges to 0 and LSE -inf;
@@ -50,6 +50,43 @@ EXTRA = {
             "scale_axes": ["block", "head", "batch", "peer"],
         },
         "stats": {"placement": "separate", "axes": ["slot", "head", "batch", "peer"], "slots": 2, "slot": 1},
+    },
+    # batch and head innermost load their scales as a 3-D tile (combine_scales_3d): (max, sum) stats, e5m2
+    # blocks of 16 and e4m3 with one scale per row.
+    "fp8_batch_inner": {
+        "name": "fp8_batch_inner",
+        "transport": "all_to_all_single",
+        "payload": {
+            "axes": ["peer", "head", "dim", "batch"],
+            "dtype": "float8_e5m2",
+            "scale_block": 16,
+            "scale_axes": ["peer", "head", "batch", "block"],
+        },
+        "stats": {
+            "placement": "separate",
+            "form": "max_sum",
+            "axes": ["peer", "head", "slot", "batch"],
+            "slots": 3,
+            "max_slot": 2,
+            "sum_slot": 0,
+        },
+    },
+    "fp8_head_inner": {
+        "name": "fp8_head_inner",
+        "transport": "external",
+        "payload": {
+            "axes": ["batch", "dim", "peer", "head"],
+            "dtype": "float8_e4m3fn",
+            "scale_axes": ["block", "peer", "batch", "head"],
+        },
+        "stats": {
+            "placement": "separate",
+            "form": "max_sum",
+            "axes": ["slot", "batch", "head", "peer"],
+            "slots": 2,
+            "max_slot": 1,
+            "sum_slot": 0,
+        },
     },
 }
 SPECS = ["pynccl_a2a_fp8", "vllm_a2a_fp8", *EXTRA]

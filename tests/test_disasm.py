@@ -27,3 +27,25 @@ def test_pack_into_16_byte_rows_stores_16_bytes_and_into_1028_byte_rows_4(tmp_pa
     assert "STG.E.128" in (tmp_path / "split.sass").read_text(encoding="utf-8")
     row_tail = disasm("--spec", "pynccl_a2a", *shape, *config)
     assert "STG.E.128" not in row_tail and "STG.E x" in row_tail
+
+
+def test_head_innermost_fp8_combine_keeps_the_codes_in_their_load_layout(tmp_path: Path) -> None:
+    """Its scales load as a 3-D tile: loaded with four axes they set the accumulator's layout, and every peer's
+    codes crossed to it byte by byte (576 PRMT at this box before the change, none after)."""
+    from conftest import make_spec, render_module
+
+    spec = make_spec(
+        name="fp8_head_inner_sass",
+        transport="external",
+        payload={"axes": ["batch", "dim", "peer", "head"], "dtype": "float8_e4m3fn"},
+        stats={"placement": "separate", "form": "max_sum", "axes": ["slot", "batch", "head", "peer"], "slots": 2,
+               "max_slot": 1, "sum_slot": 0},
+    )  # fmt: skip
+    module = render_module(spec, tmp_path)
+    shape = ["--kernel", "combine", "--N", "8", "--H", "128", "--D", "512", "--B", "1024"]
+    config = ["--config", "block_batch=4,block_head=16,block_dim=32,num_warps=2"]
+    sass_path = tmp_path / "combine.sass"
+    disasm("--spec", spec.name, "--module", str(module.__file__), *shape, *config, "--sass", str(sass_path))
+    sass = sass_path.read_text(encoding="utf-8")
+    assert sass.count("PRMT") <= 32, sass.count("PRMT")
+    assert "STS.U8" not in sass and "STS.U16" not in sass
