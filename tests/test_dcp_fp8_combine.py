@@ -4,6 +4,7 @@
   dtype's tolerance (`layoutgen.dcp.tolerances`), for the bundled fp8 specs and rendered ones (e5m2, (max,
   sum) in a row tail, 16-element blocks, layouts with peer, batch or head innermost), bases e and 2, the merged LSE, an output
   scale, tiles narrower than a scale block (its programs share a block) and wider (several blocks);
+* the same for random valid fp8 specs (hypothesis: any payload order, scale layout, stats form, block);
 * empty entries whose codes and scales hold NaN (and a zero or NaN sum) never reach the output; a row empty
   on every rank merges to 0 and LSE -inf;
 * against the float64 merge of the unquantised partials within the wire's worst-case bound: every dequantised
@@ -22,6 +23,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import NAN_BYTE, dcp_problem, fill_bytes, generated_module, make_spec, render_module, requires_interpreter
+from hypothesis import given, settings
+from test_dcp_fp8_pack import FAST, fp8_problems
 
 from layoutgen.config import next_pow2
 from layoutgen.dcp import quant, reference
@@ -148,12 +151,12 @@ COMBINE_CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("spec_name", SPECS)
-def test_fp8_combine_matches_the_dequantised_merge(spec_name: str, modules: dict[str, ModuleType]) -> None:
-    module = modules[spec_name]
-    generator = torch.Generator().manual_seed(11)
-    N, B, h, D = 3, 5, 2, 32
-    case = exchange_case(module, N, B, h, D, generator)
+def check_dequantised_merge(module: ModuleType, N: int, B: int, h: int, D: int, seed: int, configs: list[Any]) -> None:
+    """Every rank's combine of the exchanged packs, with NaN behind every empty entry, against the float64 merge
+    of the dequantised partials (bases e and 2, the merged LSE, an output scale); the row empty everywhere
+    merges to 0 and LSE -inf."""
+    case = exchange_case(module, N, B, h, D, torch.Generator().manual_seed(seed))
+    name = module.SPEC.name
     for rank in range(N):
         recv = case["received"][rank]
         empty = poison_empty_entries(recv, B)
@@ -161,12 +164,28 @@ def test_fp8_combine_matches_the_dequantised_merge(spec_name: str, modules: dict
         magnitude = float(partials.abs().where(~empty[..., None], 0.0).max())
         for base in ("e", "2"):
             want, want_lse = reference.combine(recv, B, base, return_lse=True, scale=0.5)
-            for config in COMBINE_CONFIGS:
+            for config in configs:
                 got, got_lse = module.combine(recv, B, lse_base=base, return_lse=True, scale=0.5, config=config)
-                assert not bool(got.isnan().any()), (spec_name, rank, config)
-                assert combine_error(got, want, magnitude * 0.5) <= 1.0, (spec_name, rank, base, config)
+                assert not bool(got.isnan().any()), (name, rank, config)
+                assert combine_error(got, want, magnitude * 0.5) <= 1.0, (name, rank, base, config)
                 assert got_lse is not None and lse_error(got_lse, want_lse) <= 1.0
                 assert bool((got[-1] == 0).all()) and bool((got_lse[-1] == float("-inf")).all())
+
+
+@pytest.mark.parametrize("spec_name", SPECS)
+def test_fp8_combine_matches_the_dequantised_merge(spec_name: str, modules: dict[str, ModuleType]) -> None:
+    check_dequantised_merge(modules[spec_name], 3, 5, 2, 32, 11, COMBINE_CONFIGS)
+
+
+# Any payload order, scale layout, stats form and placement, fp8 format and block: the default config at small
+# awkward shapes (one peer among them; at least two rows, the last one empty on every rank).
+@settings(max_examples=12, **FAST)
+@given(problem=fp8_problems())
+def test_any_valid_fp8_spec_combines_to_the_dequantised_merge(
+    problem: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    module = render_module(make_spec(**problem["spec"]), tmp_path_factory.mktemp("drawn_fp8_combine"))
+    check_dequantised_merge(module, problem["N"], problem["B"] + 1, problem["h"], problem["D"], problem["seed"], [None])
 
 
 @pytest.mark.parametrize("spec_name", ["pynccl_a2a_fp8", "e5m2_tail_max_sum"])
