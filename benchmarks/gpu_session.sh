@@ -105,6 +105,10 @@
 #                                               other seeds' defaults; the Ulysses programs' order along seq
 #                                               (ORDER_TREE, a variant that reads PROBE_SEQ_GROUP) on spec 13
 #                                               (a call returns at most 8 files: tar OUT before it ends)
+#   bash benchmarks/gpu_session.sh peer OUT      (prepared, not run) combines with `peer` innermost: the four probe specs of
+#                                               benchmarks/specs/ with this tree and with archive/probe_peer_tile_combine.diff
+#                                               and archive/probe_peer_inner_combine_default.diff (each applied to a copy),
+#                                               B 64 and 1024, defaults and a grid; their packs' defaults; OUT.tgz
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -614,6 +618,29 @@ sixteen)
                 --out "$out" --specs 13 --runs 32,128 --tiles 1024,8192 --warps 4 --label order$group 2>&1 | tail -1
         done
     fi
+    ;;
+peer)
+    # Combines with `peer` innermost (the fp8 one in blocks of 16 ran at 9% of the copy, sixteenth pass): this
+    # tree, then each prepared variant applied to a copy of the package (tile: every peer's partial of an
+    # element loaded as one vector, reduced in registers; box: the default box from the axis outside peer).
+    specs=""
+    for file in benchmarks/specs/probe_*.yaml; do specs="$specs --spec-file $file"; done
+    grid="--grid 1,4,32,128:1,2,16:16,32,128:1,4"
+    timeout 120 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $specs --kernel combine \
+        --batches 64,1024 --sample 0 $grid --label peer_committed 2>&1 | tail -1
+    for variant in tile box; do
+        tree=$(mktemp -d)
+        cp -r layoutgen "$tree/"
+        case $variant in
+            tile) patch -s -p1 -d "$tree" < benchmarks/results/archive/probe_peer_tile_combine.diff ;;
+            box) patch -s -p1 -d "$tree" < benchmarks/results/archive/probe_peer_inner_combine_default.diff ;;
+        esac
+        PYTHONPATH=/tmp/site:$tree:$PWD timeout 120 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" \
+            $specs --kernel combine --batches 64,1024 --sample 0 $grid --label peer_$variant 2>&1 | tail -1
+    done
+    timeout 60 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $specs --kernel pack --batches 64,1024 \
+        --sample 0 --label peer_pack 2>&1 | tail -1
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
     ;;
 rebench)
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.

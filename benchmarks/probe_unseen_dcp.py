@@ -10,7 +10,7 @@ Results: `<out>/probe_unseen_dcp_<label>_<device>.json` (every config's time) an
 default, the best and the five after it), both rewritten after every kernel.
 
 Usage (GPU): python benchmarks/probe_unseen_dcp.py --out DIR [--label L] [--seed 0] [--specs 1,7,9]
-             [--bundled pynccl_a2a,vllm_a2a] [--batches 1,8,64,1024]
+             [--bundled pynccl_a2a,vllm_a2a] [--spec-file SPEC.yaml ...] [--batches 1,8,64,1024]
              [--kernel combine] [--kernel pack] [--sample 60]
              [--grid 32,64,128:1:8,16,32:1,2,4[:1,2,8]]
 """
@@ -119,12 +119,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--specs", default="1,7,9", help="indices of the seed's DCP specs (0-11); '' for none")
     parser.add_argument("--bundled", default="", help="bundled DCP spec names besides them, comma-separated")
+    parser.add_argument("--spec-file", action="append", default=[], type=Path, help="a DCP spec YAML besides them")
     parser.add_argument("--batches", default=str(DCP_POINT["B"]), help="batch sizes, comma-separated")
     parser.add_argument("--kernel", action="append", choices=("pack", "combine"))
     parser.add_argument("--sample", type=int, default=60, help="configs of the tuner's space (0: none)")
     parser.add_argument("--grid", help="BATCH:HEAD:DIM:WARPS[:PEER], comma-separated lists: boxes beside the space's")
     args = parser.parse_args()
-    from layoutgen.spec import bundled_specs
+    from layoutgen.spec import bundled_specs, load_spec
     from layoutgen.tuning.compile import CompilePool, default_compile_workers
 
     specs = sample_specs(12, 0, args.seed)
@@ -143,6 +144,7 @@ def main() -> int:
     chosen = [(str(index), specs[index][1]) for index in (int(value) for value in args.specs.split(",") if value)]
     bundled = bundled_specs()
     chosen += [(name, bundled[name]) for name in args.bundled.split(",") if name]
+    chosen += [(path.stem, load_spec(path)) for path in args.spec_file]
     with tempfile.TemporaryDirectory() as directory:
         for label, spec in chosen:
             module = render(spec, Path(directory))

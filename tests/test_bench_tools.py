@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import requires_interpreter
+from conftest import render_module, requires_interpreter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
@@ -146,3 +146,20 @@ def test_the_box_probe_lists_the_default_first_and_every_box_once() -> None:
     alone = dict(listed)["destination run alone"]
     assert (alone.block_peer, alone.block_seq, alone.block_head) == (1, 512, 8)
     assert listed == probe_ulysses_boxes.candidates(spec, "scatter", shape, space=5, seed=0)  # seeded
+
+
+PROBE_SPECS = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "specs").glob("*.yaml"))
+
+
+@requires_interpreter
+@pytest.mark.parametrize("path", PROBE_SPECS, ids=lambda path: path.stem)
+def test_the_probe_specs_are_valid_and_their_kernels_exact(path: Path, tmp_path: Path) -> None:
+    """`benchmarks/specs/` (layouts nobody ships, for `probe_unseen_dcp.py --spec-file`): each parses, renders
+    and passes the family's verification (pack bytes against the reference, combine against float64)."""
+    from layoutgen.dcp.verify import verify_module
+    from layoutgen.spec import load_spec
+
+    spec = load_spec(path)
+    assert spec.name == path.stem
+    report = verify_module(render_module(spec, tmp_path))
+    assert report.ok, report.failures
