@@ -54,8 +54,8 @@ EXTRA = {
         },
         "stats": {"placement": "separate", "axes": ["slot", "head", "batch", "peer"], "slots": 2, "slot": 1},
     },
-    # batch and head innermost load their scales as a 3-D tile (combine_scales_3d): (max, sum) stats, e5m2
-    # blocks of 16 and e4m3 with one scale per row.
+    # batch innermost (the four-axis scale load) and head innermost (the 3-D one, combine_scales_3d): (max, sum)
+    # stats, e5m2 blocks of 16 and e4m3 with one scale per row.
     "fp8_batch_inner": {
         "name": "fp8_batch_inner",
         "transport": "all_to_all_single",

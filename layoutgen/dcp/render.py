@@ -175,7 +175,8 @@ def fp8_context(spec: DcpSpec, payload_stride: dict[str, str]) -> dict[str, obje
         # Combine loads the scales as a 3-D tile where head is the payload's innermost axis (see the template).
         # With batch innermost it cost time: its load layout gives a thread 16 rows, so 16 scales per peer
         # (232 registers against 135; [peer, head, dim, batch], blocks of 16, N 8, B 1024 on the H200: 56.7
-        # against 51.0 µs).  Peer innermost is unmeasured (no drawn spec has it).
+        # against 51.0 µs).  With peer innermost it timed the same as the 4-D load (285.4 against 286.1 µs for
+        # benchmarks/specs/probe_fp8_peer_inner_blocks.yaml), so it keeps that one.
         "combine_scales_3d": payload_axes[-1] == "head",
     }
     if context["fp8_words"]:
