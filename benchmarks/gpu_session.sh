@@ -105,10 +105,14 @@
 #                                               other seeds' defaults; the Ulysses programs' order along seq
 #                                               (ORDER_TREE, a variant that reads PROBE_SEQ_GROUP) on spec 13
 #                                               (a call returns at most 8 files: tar OUT before it ends)
-#   bash benchmarks/gpu_session.sh peer OUT      (prepared, not run) combines with `peer` innermost: the four probe specs of
+#   bash benchmarks/gpu_session.sh peer OUT      (seventeenth pass) combines with `peer` innermost: the four probe specs of
 #                                               benchmarks/specs/ with this tree and with archive/probe_peer_tile_combine.diff
 #                                               and archive/probe_peer_inner_combine_default.diff (each applied to a copy),
-#                                               B 64 and 1024, defaults and a grid; their packs' defaults; OUT.tgz
+#                                               B 64 and 1024, defaults and a grid; OUT.tgz (their packs' defaults:
+#                                               archive/probe_unseen_dcp_peer_pack_H200.*)
+#   bash benchmarks/gpu_session.sh seventeen OUT (seventeenth pass) the peers-in-tile combine as adopted: the probe specs of
+#                                               benchmarks/specs/ at B 64 and 1024, defaults and a grid; OLD_TREE's on
+#                                               bf16 [batch, head, dim, peer]; the GPU combine tests; OUT.tgz
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -625,8 +629,9 @@ peer)
     # element loaded as one vector, reduced in registers; box: the default box from the axis outside peer).
     specs=""
     for file in benchmarks/specs/probe_*.yaml; do specs="$specs --spec-file $file"; done
-    grid="--grid 1,4,32,128:1,2,16:16,32,128:1,4"
-    timeout 120 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $specs --kernel combine \
+    # 70 boxes per spec did not finish in 120 s per tree (compiles included): a dozen around the defaults.
+    grid="--grid 1,4,32:1,2:32,128:4,8"
+    timeout 170 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $specs --kernel combine \
         --batches 64,1024 --sample 0 $grid --label peer_committed 2>&1 | tail -1
     for variant in tile box; do
         tree=$(mktemp -d)
@@ -635,11 +640,23 @@ peer)
             tile) patch -s -p1 -d "$tree" < benchmarks/results/archive/probe_peer_tile_combine.diff ;;
             box) patch -s -p1 -d "$tree" < benchmarks/results/archive/probe_peer_inner_combine_default.diff ;;
         esac
-        PYTHONPATH=/tmp/site:$tree:$PWD timeout 120 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" \
+        PYTHONPATH=/tmp/site:$tree:$PWD timeout 170 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" \
             $specs --kernel combine --batches 64,1024 --sample 0 $grid --label peer_$variant 2>&1 | tail -1
     done
-    timeout 60 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $specs --kernel pack --batches 64,1024 \
-        --sample 0 --label peer_pack 2>&1 | tail -1
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+seventeen)
+    specs=""
+    for file in benchmarks/specs/probe_*.yaml; do specs="$specs --spec-file $file"; done
+    grid="--grid 1,4,32:1,2:32,128:4,8"
+    timeout 200 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $specs --kernel combine \
+        --batches 64,1024 --sample 0 $grid --label peer_adopted 2>&1 | tail -1
+    PYTHONPATH=/tmp/site:$OLD_TREE:$PWD timeout 100 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" \
+        --spec-file benchmarks/specs/probe_bf16_peer_inner_dim.yaml --kernel combine --batches 64,1024 --sample 0 \
+        $grid --label peer_dim_loop 2>&1 | tail -1
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_v2_gpu.py \
+        "tests/gpu/test_dcp_fp8_gpu.py::test_fp8_combine_on_the_gpu" > "$out/gpu_tests.log" 2>&1
+    tail -3 "$out/gpu_tests.log"
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
     ;;
 rebench)

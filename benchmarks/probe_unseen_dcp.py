@@ -36,7 +36,7 @@ from probe_combine import space_configs
 
 def grid_configs(kernel: str, grid: str, N: int, Hl: int, D: int) -> list[Any]:
     """The boxes of `--grid BATCH:HEAD:DIM:WARPS[:PEER]` (comma-separated lists; PEER, pack only, defaults to 1)
-    that fit the point."""
+    that fit the point and the tile limit."""
     from layoutgen.dcp.config import CONFIG_TYPES
 
     parts = [[int(v) for v in part.split(",")] for part in grid.split(":")]
@@ -47,7 +47,10 @@ def grid_configs(kernel: str, grid: str, N: int, Hl: int, D: int) -> list[Any]:
         if h > Hl or d > D or p > N:
             continue
         extra = {"block_peer": p} if kernel == "pack" else {}
-        configs.append(CONFIG_TYPES[kernel](block_batch=b, block_head=h, block_dim=d, num_warps=w, **extra))
+        try:
+            configs.append(CONFIG_TYPES[kernel](block_batch=b, block_head=h, block_dim=d, num_warps=w, **extra))
+        except ValueError:  # a box over the tile limit: the grid is a product, not every point of it is a config
+            continue
     return list(dict.fromkeys(configs))
 
 

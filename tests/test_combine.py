@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import NAN_BYTE, fill_bytes, requires_interpreter
+from conftest import NAN_BYTE, fill_bytes, make_spec, render_module, requires_interpreter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -183,6 +183,40 @@ def test_combine_with_explicit_configs(spec_name, config, spec_modules, generato
     partial_out[1, 2, 2] = NAN
     bufs = receive_buffers(spec_modules[spec_name], partial_out, partial_lse, 4, dtype)
     check_combine(spec_modules[spec_name], bufs, B, "2", return_lse=True, config=config)
+
+
+#: Payloads with `peer` innermost.  With batch or head outside it the combine loads every peer's partial of an
+#: element as one vector (the peers the tile's last axis, padded to a power of two and masked); with dim
+#: outside it, one peer at a time (`combine_peers_in_tile`).
+PEER_INNER_PAYLOADS = {
+    "batch_outside": ["head", "dim", "batch", "peer"],
+    "head_outside": ["batch", "dim", "head", "peer"],
+    "dim_outside": ["batch", "head", "dim", "peer"],
+}
+
+
+@pytest.mark.parametrize("N", [3, 5])
+@pytest.mark.parametrize("payload", PEER_INNER_PAYLOADS)
+def test_peer_innermost_combines_pad_the_peers_and_drop_empty_shards(payload, N, tmp_path, generator):
+    """N not a power of two: the padded peers of the tile are never read (NaN bytes there would reach the
+    output); empty shards (-inf, NaN, +inf) with NaN payload behind them contribute nothing."""
+    spec = make_spec(
+        name=f"peer_inner_{payload}",
+        transport="external",
+        payload={"axes": PEER_INNER_PAYLOADS[payload], "dtype": "input"},
+        stats={"placement": "separate", "axes": ["batch", "head", "peer", "slot"], "slots": 2, "slot": 1},
+    )
+    module = render_module(spec, tmp_path)
+    dtype, B, h, D = torch.bfloat16, 3, 3, 10
+    partial_out, partial_lse = random_partials(N, B, h, D, dtype, generator)
+    partial_lse[:, 0, 0] = torch.tensor([-INF, NAN, INF, -INF, NAN][:N])  # every shard empty
+    partial_lse[1, 1, 2], partial_lse[N - 1, 2, 1] = NAN, INF
+    for peer, b, head in [(p, 0, 0) for p in range(N)] + [(1, 1, 2), (N - 1, 2, 1)]:
+        partial_out[peer, b, head] = NAN
+    bufs = receive_buffers(module, partial_out, partial_lse, B + 1, dtype)
+    for config in (None, CombineConfig(block_batch=2, block_head=2, block_dim=8, num_warps=1)):
+        got, got_lse = check_combine(module, bufs, B, "e", return_lse=True, config=config)
+        assert torch.equal(got[0, 0], torch.zeros(D, dtype=dtype)) and got_lse[0, 0] == -INF
 
 
 # --- properties -------------------------------------------------------------------------------

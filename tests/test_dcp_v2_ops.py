@@ -237,6 +237,15 @@ def test_default_configs_of_head_and_peer_innermost_layouts_take_whole_runs() ->
     )
     combine = default_combine_config(wide, 8, 16, 512, 1024, 2)
     assert (combine.block_batch, combine.block_dim, combine.num_warps) == (128, 16, 4)
+    # Peer innermost with batch outside it: the peers in the tile, 32 rows x 32 dims x 4 warps (H200: 47 -> 88%
+    # of the copy on bf16, 34 -> 97% on fp8 blocks of 16); head or dim outside it keep the generic box.
+    batch_peer = _with_payload_axes("pynccl_a2a", ("head", "dim", "batch", "peer"))
+    combine = default_combine_config(batch_peer, 8, 16, 512, 1024, 2)
+    assert (combine.block_batch, combine.block_head, combine.block_dim, combine.num_warps) == (32, 1, 32, 4)
+    assert default_combine_config(batch_peer, 8, 16, 512, 3, 2).block_batch == 4
+    for outside in (("batch", "dim", "head", "peer"), ("batch", "head", "dim", "peer")):
+        combine = default_combine_config(_with_payload_axes("pynccl_a2a", outside), 8, 16, 512, 1024, 2)
+        assert (combine.block_batch, combine.block_head, combine.block_dim) == (1, 2, 128), outside
     fp8_inner = _with_payload_axes("pynccl_a2a_fp8", ("peer", "head", "dim", "batch"))
     combine = default_combine_config(fp8_inner, 8, 16, 512, 1024, 2)
     assert (combine.block_batch, combine.block_dim, combine.num_warps) == (32, 32, 1)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any, ClassVar
 
-from layoutgen.dcp.config import CombineConfig, PackConfig
+from layoutgen.dcp.config import CombineConfig, PackConfig, combine_load_axis
 from layoutgen.dcp.constants import SHOW_ALIASES, SHOW_SHAPE
 from layoutgen.dcp.spec import DcpSpec, PayloadDtype
 from layoutgen.family import Family, GridAxis, KernelDecl, SearchSpace, SpaceExtents, VerifyReport
@@ -150,9 +150,10 @@ class DcpFamily(Family):
             # D 512, dim innermost) were launches that fail.
             floors = {"dim": pack_search_floor(problem.spec, D)} if problem.spec.fp8 else {}
             return SpaceExtents(extents, problem.spec.payload.axes[-1], wire, 1, floors)
-        # Each output element loads N partials.  A payload with batch innermost is loaded along batch: without
-        # its innermost cap the space stopped at 16 rows, under its defaults (128 rows, 32 on fp8 wires).
-        return SpaceExtents(extents, "dim", elem, N, source_innermost=problem.spec.payload.axes[-1])
+        # Each output element loads N partials.  A payload with batch innermost (or outside a peer innermost) is
+        # loaded along batch: without its innermost cap the space stopped at 16 rows, under its defaults (128
+        # rows, 32 on fp8 wires or with the peers in the tile).
+        return SpaceExtents(extents, "dim", elem, N, source_innermost=combine_load_axis(problem.spec))
 
     def compile_variant(self, module: ModuleType, job: Mapping[str, Any], kernel_proxy: Any) -> None:
         import torch

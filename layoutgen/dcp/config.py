@@ -198,6 +198,28 @@ def _dim_innermost_pack_config(
     )
 
 
+def combine_load_axis(spec: DcpSpec) -> str:
+    """The payload axis a combine's loads run along: its innermost, or with `peer` innermost the axis outside
+    it (a program's loads of one element read every peer's bytes of a run of that axis together; the tuner's
+    innermost caps follow it)."""
+    axes = spec.payload.axes
+    return axes[-2] if axes[-1] == "peer" else axes[-1]
+
+
+def combine_peers_in_tile(spec: DcpSpec) -> bool:
+    """Whether the combine loads every peer's partial of an element as one vector (the peers the tile's last
+    axis, summed in registers) instead of one peer at a time.
+
+    With peer innermost one peer at a time made each load one element N elements from the next.  H200, N 8,
+    B 1024, H 128, D 512 (probe_unseen_dcp.py, seventeenth pass), best of 12 boxes: bf16 [head, dim, batch,
+    peer] 79 -> 93% of the copy ceiling, fp8 [head, dim, batch, peer] in blocks of 16 58 -> 97%, float32
+    [batch, dim, head, peer] at its default box 49 -> 91%.  With dim outside peer the loop stays: bf16
+    [batch, head, dim, peer] 83 -> 66% at the default box, 71% at best; fp8 with one scale per row 67 -> 46%.
+    """
+    axes = spec.payload.axes
+    return axes[-1] == "peer" and axes[-2] != "dim"
+
+
 def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: int, elem_size: int) -> CombineConfig:
     """Small one-warp tiles, grown only until a program loads about 2048 elements over its N peers.
 
@@ -208,6 +230,12 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
     sglang's 7.8 µs with 512-element programs), hence the growth with 2048 / N.
     """
     heads, dims = next_pow2(heads_per_peer), next_pow2(D)
+    if combine_peers_in_tile(spec) and spec.payload.axes[-2] == "batch":
+        # Every peer's partial in one vector, runs of batch outside it.  The same probe, 12 boxes: 32 x 1 x 32,
+        # 4 warps took bf16 [head, dim, batch, peer] to 88% of the copy ceiling at B 1024 (the best, 8 warps,
+        # 93%) and fp8 in blocks of 16 to 97%, where the generic default box (1 x 2 x 128) took 47 and 34%.
+        # Head outside peer keeps the generic box (float32: 91%).
+        return CombineConfig(block_batch=min(next_pow2(B), 32), block_head=1, block_dim=min(dims, 32), num_warps=4)
     if spec.payload.axes[-1] == "batch":
         # Loads coalesce along batch: a long run of rows, a narrow dim block.  H200, N 8, B 1024, H 128,
         # D 512, 24 boxes of 32-256 rows x 8-32 dims x 1 or 4 warps (probe_unseen_dcp.py, fourteenth pass):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from layoutgen.dcp.config import combine_peers_in_tile
 from layoutgen.dcp.spec import SCALE_AXES, DcpSpec, PayloadDtype, Transport
 from layoutgen.render_helpers import broadcast_index, offset_sum, stride_expressions, wrap_sum
 
@@ -35,6 +36,10 @@ def kernel_context(spec: DcpSpec) -> dict[str, object]:
         "payload_offset4": wrap_sum(offset_sum(payload_axes, payload_stride, "payload", in_tile), 4),
         "payload_row_offset": wrap_sum(offset_sum(payload_axes, payload_stride, "payload", in_rows), 4),
         "payload_peer_term": offset_sum(payload_axes, payload_stride, "payload", {"peer": "peer"}),
+        "peer_in_tile": combine_peers_in_tile(spec),
+        "payload_offset_peers": wrap_sum(
+            offset_sum(payload_axes, payload_stride, "payload", {a: f"{a}_4d" for a in payload_axes}), 4
+        ),
     }
     max_sum = spec.max_sum
     if row_tail:
@@ -113,6 +118,8 @@ def kernel_context(spec: DcpSpec) -> dict[str, object]:
     context["lse_row_offset"] = wrap_sum(with_tail(offset_sum(lse_order, lse_strides, lse_prefix, rows2)), 4)
     peer_term = offset_sum(lse_order, lse_strides, lse_prefix, {"peer": "peer"})
     context["lse_pointer2"] = pointer(f"{base} + {peer_term} + lse_row_offset")
+    peers_term = offset_sum(lse_order, lse_strides, lse_prefix, {"peer": "peer_3d"})
+    context["lse_pointer_peers"] = pointer(f"{base} + {peers_term} + lse_row_offset[:, :, None]")
     context["fp8"] = spec.fp8
     if spec.fp8:
         context.update(fp8_context(spec, payload_stride))
@@ -178,6 +185,9 @@ def fp8_context(spec: DcpSpec, payload_stride: dict[str, str]) -> dict[str, obje
         # against 51.0 µs).  With peer innermost it timed the same as the 4-D load (285.4 against 286.1 µs for
         # benchmarks/specs/probe_fp8_peer_inner_blocks.yaml), so it keeps that one.
         "combine_scales_3d": payload_axes[-1] == "head",
+        "fp8_payload_offset_peers": wrap_sum(
+            offset_sum(payload_axes, payload_stride, "payload", {**{a: f"{a}_5d" for a in payload_axes}}), 4
+        ),
     }
     if context["fp8_words"]:
         word_terms = [
@@ -214,6 +224,8 @@ def fp8_context(spec: DcpSpec, payload_stride: dict[str, str]) -> dict[str, obje
         context["scale_batch_step"] = "" if strides["batch"] == "1" else " * scales_stride_batch"
         context["scale_pointer4"] = "scales_ptr + " + offset_sum(scale_axes, strides, "scales", names4)
         names3 = {"peer": "peer", "batch": "batch_3d", "head": "head_3d", "block": "block_3d"}
+        names_peers = {"peer": "peer_5d", "batch": "batch_5d", "head": "head_5d", "block": "block_5d"}
+        context["scale_pointer_peers"] = "scales_ptr + " + offset_sum(scale_axes, strides, "scales", names_peers)
         context["scale_pointer3"] = "scales_ptr + " + offset_sum(scale_axes, strides, "scales", names3)
         context["scales_desc"] = f"scales [{', '.join(scale_axes)}], float32"
         context["scale_axes"], context["scale_stride"] = scale_axes, strides

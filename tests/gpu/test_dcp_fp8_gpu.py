@@ -36,7 +36,7 @@ pytestmark = [
 ]
 
 #: Rendered beside the bundled pynccl_a2a_fp8 / vllm_a2a_fp8: e5m2, 32-element blocks, (max, sum) in a row
-#: tail, and a transposing layout with batch-innermost scales.
+#: tail, a transposing layout with batch-innermost scales, and layouts with batch, peer or head innermost.
 EXTRA = {
     "fp8_e5m2_blocks": {
         "name": "fp8_e5m2_blocks",
@@ -61,6 +61,17 @@ EXTRA = {
             "scale_axes": ["peer", "head", "block", "batch"],
         },
         "stats": {"placement": "separate", "axes": ["peer", "head", "slot", "batch"]},
+    },
+    "fp8_peer_inner": {
+        "name": "fp8_peer_inner",
+        "transport": "external",
+        "payload": {
+            "axes": ["head", "dim", "batch", "peer"],
+            "dtype": "float8_e4m3fn",
+            "scale_block": 16,
+            "scale_axes": ["block", "head", "batch", "peer"],
+        },
+        "stats": {"placement": "separate", "axes": ["slot", "head", "batch", "peer"], "slots": 2, "slot": 1},
     },
     "fp8_head_inner": {
         "name": "fp8_head_inner",

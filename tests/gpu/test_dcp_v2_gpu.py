@@ -229,3 +229,44 @@ def test_lse_from_max_sum_on_the_gpu_is_within_one_ulp() -> None:
     want = reference.lse_from_max_sum(maximum.cpu(), total.cpu()).reshape(B, N, H // N).permute(1, 0, 2)
     got_bits, want_bits = got.contiguous().view(torch.int32).long(), want.contiguous().view(torch.int32).long()
     assert bool(((got_bits - want_bits).abs() <= 1).all()), "an LSE word is more than one float32 ulp off"
+
+
+@pytest.mark.parametrize(
+    "axes", [["head", "dim", "batch", "peer"], ["batch", "dim", "head", "peer"], ["batch", "head", "dim", "peer"]]
+)
+def test_peer_innermost_combine_against_the_float64_reference_on_the_gpu(axes: list[str], tmp_path: Any) -> None:
+    """Peer innermost (batch or head outside it: the peers in the tile, padded to 4 at N 3; dim outside it:
+    one peer at a time): N 3 and 4, (max, sum) stats with empty entries whose payload is NaN, the default box
+    and an explicit one."""
+    from layoutgen.dcp.config import CombineConfig
+
+    fields = {
+        "name": "peer_inner_" + "_".join(axes),
+        "summary": "x",
+        "transport": "external",
+        "payload": {"axes": axes, "dtype": "input"},
+        "stats": {"placement": "separate", "axes": ["batch", "head", "slot", "peer"], "form": "max_sum"},
+    }
+    module = render_module(make_spec(**fields), tmp_path)
+    generator = torch.Generator().manual_seed(7)
+    for peers, heads in ((3, 24), (4, H)):
+        bufs = fill_bytes(module.alloc(peers, ROWS, heads, D, torch.bfloat16, "cuda"), 0xFF)
+        shape = (peers, ROWS, heads // peers)
+        bufs.payload_view(ROWS).copy_(torch.randn(*shape, D, generator=generator).to(torch.bfloat16))
+        maximum = torch.randn(*shape, generator=generator) * 4
+        total = 1 + 8 * torch.rand(*shape, generator=generator)
+        maximum[0, 0], total[1, 1] = float("-inf"), 0.0
+        maximum[:, 2, 0] = float("-inf")  # every peer empty
+        bufs.max_view(ROWS).copy_(maximum)
+        bufs.sum_view(ROWS).copy_(total)
+        for entry in ((0, 0), (1, 1), *((peer, 2, 0) for peer in range(peers))):
+            bufs.payload_view(ROWS)[entry].view(torch.int16).fill_(-1)  # NaN behind the empty entries
+        for config in (None, CombineConfig(block_batch=32, block_head=1, block_dim=32, num_warps=4)):
+            got, got_lse = module.combine(bufs, ROWS, return_lse=True, config=config)
+            want, want_lse = reference.combine(bufs, ROWS, "e", return_lse=True)
+            assert got_lse is not None and want_lse is not None
+            valid = torch.nan_to_num(bufs.payload_view(ROWS).double(), nan=0.0)
+            assert not got.isnan().any(), (axes, peers, config)
+            assert combine_error(got.cpu(), want.cpu(), float(valid.abs().max())) <= 1.0, (axes, peers, config)
+            assert lse_error(got_lse.cpu(), want_lse.cpu()) <= 1.0
+            assert torch.equal(got[2, 0].cpu(), torch.zeros(D, dtype=torch.bfloat16))
