@@ -230,7 +230,7 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
     sglang's 7.8 µs with 512-element programs), hence the growth with 2048 / N.
     """
     heads, dims = next_pow2(heads_per_peer), next_pow2(D)
-    if combine_peers_in_tile(spec) and spec.payload.axes[-2] == "batch":
+    if combine_peers_in_tile(spec) and combine_load_axis(spec) == "batch":
         # Every peer's partial in one vector, runs of batch outside it.  The same probe, 12 boxes: 32 x 1 x 32,
         # 4 warps took bf16 [head, dim, batch, peer] to 88% of the copy ceiling at B 1024 (the best, 8 warps,
         # 93%) and fp8 in blocks of 16 to 97%, where the generic default box (1 x 2 x 128) took 47 and 34%.

@@ -186,7 +186,7 @@ def fp8_context(spec: DcpSpec, payload_stride: dict[str, str]) -> dict[str, obje
         # benchmarks/specs/probe_fp8_peer_inner_blocks.yaml), so it keeps that one.
         "combine_scales_3d": payload_axes[-1] == "head",
         "fp8_payload_offset_peers": wrap_sum(
-            offset_sum(payload_axes, payload_stride, "payload", {**{a: f"{a}_5d" for a in payload_axes}}), 4
+            offset_sum(payload_axes, payload_stride, "payload", {a: f"{a}_5d" for a in payload_axes}), 4
         ),
     }
     if context["fp8_words"]:
