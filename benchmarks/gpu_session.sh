@@ -113,6 +113,13 @@
 #   bash benchmarks/gpu_session.sh seventeen OUT (seventeenth pass) the peers-in-tile combine as adopted: the probe specs of
 #                                               benchmarks/specs/ at B 64 and 1024, defaults and a grid; OLD_TREE's on
 #                                               bf16 [batch, head, dim, peer]; the GPU combine tests; OUT.tgz
+#   bash benchmarks/gpu_session.sh eighteen OUT  (eighteenth pass) packs of runs of (batch, peer) and (head, peer) pairs: three
+#                                               probe specs at B 64 and 1024, defaults and 12 configs of the space, and
+#                                               OLD_TREE's box defaults; the contract-v2 GPU tests; OUT.tgz
+#   bash benchmarks/gpu_session.sh eighteen_fp8 OUT (eighteenth pass) the same for the two fp8 probe specs of pairs, and
+#                                               the fp8 GPU tests of layouts with peer innermost; OUT.tgz
+#   bash benchmarks/gpu_session.sh eighteen_grid OUT (eighteenth pass) the pairs packs still under 80% over boxes of
+#                                               64-256 pairs (fp8 blocks of 16 and 64; bf16 head pairs); OUT.tgz
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -657,6 +664,41 @@ seventeen)
     timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_v2_gpu.py \
         "tests/gpu/test_dcp_fp8_gpu.py::test_fp8_combine_on_the_gpu" > "$out/gpu_tests.log" 2>&1
     tail -3 "$out/gpu_tests.log"
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+eighteen)
+    specs=""
+    for name in bf16_peer_inner_batch bf16_peer_inner_head f32_peer_inner_head; do
+        specs="$specs --spec-file benchmarks/specs/probe_$name.yaml"
+    done
+    timeout 200 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $specs --kernel pack \
+        --batches 64,1024 --sample 12 --label pairs 2>&1 | tail -1
+    PYTHONPATH=/tmp/site:$OLD_TREE:$PWD timeout 100 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" \
+        $specs --kernel pack --batches 64,1024 --sample 0 --label pairs_box 2>&1 | tail -1
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_v2_gpu.py > "$out/gpu_tests.log" 2>&1
+    tail -3 "$out/gpu_tests.log"
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+eighteen_fp8)
+    specs="--spec-file benchmarks/specs/probe_fp8_peer_inner_blocks.yaml --spec-file benchmarks/specs/probe_fp8_peer_inner_head.yaml"
+    timeout 200 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $specs --kernel pack \
+        --batches 64,1024 --sample 12 --label pairs_fp8 2>&1 | tail -1
+    PYTHONPATH=/tmp/site:$OLD_TREE:$PWD timeout 100 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" \
+        $specs --kernel pack --batches 64,1024 --sample 0 --label pairs_fp8_box 2>&1 | tail -1
+    timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_fp8_gpu.py -k "peer" \
+        > "$out/gpu_tests_fp8.log" 2>&1
+    tail -3 "$out/gpu_tests_fp8.log"
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+eighteen_grid)
+    S=benchmarks/specs
+    probe() {  # LABEL SPEC GRID
+        timeout 150 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" --spec-file "$S/probe_$2.yaml" \
+            --kernel pack --batches 64,1024 --sample 0 --grid "$3" --label "$1" 2>&1 | tail -2
+    }
+    probe pairs_grid_fp8_batch fp8_peer_inner_blocks 64,128,256:1:16,32,64:4,8:1
+    probe pairs_grid_fp8_head fp8_peer_inner_head 1,2:64,128:32,64:4,8:1
+    probe pairs_grid_bf16_head bf16_peer_inner_head 1,2,4:64,128:32,64,128:4:1
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
     ;;
 rebench)

@@ -34,10 +34,13 @@ from bench_unseen_specs import DCP_POINT, CopyCeiling, dcp_kernel, dcp_layout, r
 from probe_combine import space_configs
 
 
-def grid_configs(kernel: str, grid: str, N: int, Hl: int, D: int) -> list[Any]:
+def grid_configs(kernel: str, grid: str, N: int, Hl: int, D: int, heads_limit: int | None = None) -> list[Any]:
     """The boxes of `--grid BATCH:HEAD:DIM:WARPS[:PEER]` (comma-separated lists; PEER, pack only, defaults to 1)
-    that fit the point and the tile limit."""
+    that fit the point and the tile limit; `heads_limit` replaces Hl as the head block's bound (a pack of
+    (head, peer) pairs: Hl x N)."""
     from layoutgen.dcp.config import CONFIG_TYPES
+
+    Hl = Hl if heads_limit is None else heads_limit
 
     parts = [[int(v) for v in part.split(",")] for part in grid.split(":")]
     batches, heads, dims, warps = parts[:4]
@@ -65,7 +68,10 @@ def probe_kernel(
     if sample:
         configs.update(space_configs(module, N, B, H, D, pool, kernel=kernel, sample=sample))
     if grid:
-        boxes = grid_configs(kernel, grid, N, H // N, D)
+        from layoutgen.dcp.config import pack_pairs_axis  # not in trees before the eighteenth pass: grids only
+
+        pairs_head = kernel == "pack" and pack_pairs_axis(module.SPEC) == "head"
+        boxes = grid_configs(kernel, grid, N, H // N, D, H if pairs_head else None)
         configs.update(space_configs(module, N, B, H, D, pool, kernel=kernel, configs=boxes))
     rows = []
     for name, config in configs.items():

@@ -242,6 +242,37 @@ def test_transposing_fp8_packs_split_scale_blocks_into_chunks(
 
 
 @pytest.mark.parametrize(
+    ("axes", "block", "scale_axes"),
+    [
+        (["head", "dim", "batch", "peer"], 16, ["block", "head", "batch", "peer"]),
+        (["batch", "dim", "head", "peer"], None, ["peer", "batch", "head", "block"]),
+    ],
+    ids=["batch-peer-pairs-block-16", "head-peer-pairs-block-D"],
+)
+def test_fp8_packs_of_peer_pairs(
+    axes: list[str], block: int | None, scale_axes: list[str], generator: torch.Generator, tmp_path_factory: Any
+) -> None:
+    """Peer innermost with batch or head right outside it: the tile's runs are (X, peer) pairs, which at N 3
+    cross a run's end mid-row; one pass and chunks, the default box, masked rows, both stats forms."""
+    payload: dict[str, Any] = {"axes": axes, "dtype": "float8_e5m2", "scale_axes": scale_axes}
+    spec = make_spec(
+        name="pairs_fp8",
+        transport="external",
+        payload={**payload, **({"scale_block": block} if block else {})},
+        stats={"placement": "separate", "axes": ["batch", "head", "slot", "peer"], "form": "max_sum"},
+    )
+    module = render_module(spec, tmp_path_factory.mktemp("pairs"))
+    configs = (
+        None,
+        PackConfig(block_peer=2, block_batch=2, block_head=2, block_dim=8, num_warps=1),
+        PackConfig(block_peer=1, block_batch=2, block_head=8, block_dim=32, num_warps=2),
+    )
+    for N, config in zip((3, 4, 3), configs, strict=True):
+        for form, mask in (("lse", "some"), ("max_sum", "none")):
+            pack_case(module, N, 5, 3, 32, torch.bfloat16, generator, form, mask, config)
+
+
+@pytest.mark.parametrize(
     ("axes", "stats_axes"),
     [
         (["peer", "head", "dim", "batch"], ["peer", "head", "slot", "batch"]),

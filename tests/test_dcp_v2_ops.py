@@ -216,10 +216,19 @@ def test_default_configs_of_head_and_peer_innermost_layouts_take_whole_runs() ->
     head_inner = _with_payload_axes("pynccl_a2a", ("peer", "batch", "dim", "head"))
     pack = default_pack_config(head_inner, 8, 16, 512, 1024, 2)
     assert (pack.block_head, pack.block_dim, pack.block_batch, pack.block_peer) == (16, 256, 1, 1)
+    # Peer innermost with head or batch right outside it: runs of 64 (X, peer) pairs x 64 dims (H200, bf16 [head,
+    # dim, batch, peer]: 98% of the copy at B 64, 92% at 1024), 128 x 128 from 4096 pairs (96%), more dims
+    # with fewer pairs; block_X is the run's length, block_peer 1.
     peer_inner = _with_payload_axes("pynccl_a2a", ("batch", "dim", "head", "peer"))
     pack = default_pack_config(peer_inner, 8, 16, 512, 1024, 2)
-    assert (pack.block_peer, pack.block_head, pack.block_dim) == (8, 8, 64)
-    assert pack.tile_elements == 4096
+    assert (pack.block_peer, pack.block_batch, pack.block_head, pack.block_dim, pack.num_warps) == (1, 1, 64, 64, 4)
+    batch_pairs = _with_payload_axes("pynccl_a2a", ("head", "dim", "batch", "peer"))
+    pack = default_pack_config(batch_pairs, 8, 16, 512, 64, 2)
+    assert (pack.block_peer, pack.block_batch, pack.block_head, pack.block_dim) == (1, 64, 1, 64)
+    pack = default_pack_config(batch_pairs, 8, 16, 512, 1024, 2)
+    assert (pack.block_batch, pack.block_dim) == (128, 128)
+    pack = default_pack_config(batch_pairs, 3, 16, 40, 1, 2)  # 3 pairs: a run of 4, the dims of a whole row
+    assert (pack.block_batch, pack.block_dim) == (4, 64)
     few_heads = default_pack_config(head_inner, 2, 3, 40, 5, 2)  # awkward extents: the box stays within them
     assert (few_heads.block_head, few_heads.block_dim) == (4, 64)
     # Combine loads along head there: a run of heads per row, not 2; along batch, a run of rows.

@@ -11,7 +11,8 @@ Every case packs random inputs (no zeros) into canary-filled buffers and checks,
 The shape space (spec x dtype x N x stats input x mask x rows x heads x D x strides) is covered pairwise,
 as in tests/test_pack.py; the specs are the DCP bundled ones (three of them (max, sum)) and five written
 here to reach the corners: (max, sum) in a row tail (bf16 rows; float32 batch-innermost rows), swapped
-(max, sum) slots outside the innermost axis, and batch-innermost bf16 payload with batch-innermost stats.
+(max, sum) slots outside the innermost axis, batch-innermost bf16 payload with batch-innermost stats, and
+peer innermost with batch or head outside it (runs of pairs).
 """
 
 from __future__ import annotations
@@ -63,6 +64,27 @@ V2_SPEC_FIELDS: dict[str, dict[str, Any]] = {
             "max_slot": 2,
             "sum_slot": 0,
         },
+    },
+    # peer innermost with batch, then head, right outside it: the pack tiles runs of (batch, peer) and of
+    # (head, peer) pairs (`pack_pairs_axis`), stats along batch in the second.
+    "batch_peer_pairs": {
+        "name": "batch_peer_pairs",
+        "transport": "external",
+        "payload": {"axes": ["head", "dim", "batch", "peer"], "dtype": "input"},
+        "stats": {
+            "placement": "separate",
+            "form": "max_sum",
+            "axes": ["slot", "head", "batch", "peer"],
+            "slots": 2,
+            "max_slot": 0,
+            "sum_slot": 1,
+        },
+    },
+    "head_peer_pairs": {
+        "name": "head_peer_pairs",
+        "transport": "external",
+        "payload": {"axes": ["batch", "dim", "head", "peer"], "dtype": "float32"},
+        "stats": {"placement": "separate", "axes": ["head", "slot", "peer", "batch"], "slots": 2, "slot": 1},
     },
     "batch_inner_bf16": {
         "name": "batch_inner_bf16",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import pytest
 import torch
@@ -20,9 +21,11 @@ from conftest import (
     byte_views,
     expected_layout_bytes,
     fill_bytes,
+    make_spec,
     owned_byte_count,
     pairwise,
     random_inputs,
+    render_module,
     requires_interpreter,
     strided_inputs,
 )
@@ -196,6 +199,18 @@ def test_the_check_catches_a_kernel_that_writes_past_the_row(tmp_path, generator
         _check_pack(module, N, B, B + 1, H, D, torch.bfloat16, out, lse)
 
 
+def recorded_pack(module: Any, N: int, batch: int, H: int, D: int, config: PackConfig) -> Any:
+    """The launches of one bf16 pack of meta tensors, recorded (grid, args, constexprs), not run."""
+    from layoutgen.runtime.launch import Recorder
+
+    bufs = LayoutBuffers.allocate(module.SPEC, N, batch, H, D, torch.bfloat16, "meta")
+    out = torch.empty(batch, H, D, dtype=torch.bfloat16, device="meta")
+    lse = torch.empty(batch, H, dtype=torch.float32, device="meta")
+    recorder = Recorder()
+    module._launch_pack(out, lse, bufs, batch, config, False, kernel=recorder)
+    return recorder
+
+
 @pytest.mark.parametrize("spec_name", ["vllm_a2a", "flashinfer_mnnvl"])
 def test_pack_runs_batch_blocks_along_the_grid_y_axis_and_refuses_more_than_cuda_allows(spec_name, modules):
     from layoutgen.runtime.launch import Recorder
@@ -205,17 +220,39 @@ def test_pack_runs_batch_blocks_along_the_grid_y_axis_and_refuses_more_than_cuda
     config = PackConfig(block_peer=1, block_batch=1, block_head=1, block_dim=8, num_warps=1, num_stages=1)
 
     def launch(batch: int) -> Recorder:
-        bufs = LayoutBuffers.allocate(module.SPEC, N, batch, H, D, torch.bfloat16, "meta")
-        out = torch.empty(batch, H, D, dtype=torch.bfloat16, device="meta")
-        lse = torch.empty(batch, H, dtype=torch.float32, device="meta")
-        recorder = Recorder()
-        module._launch_pack(out, lse, bufs, batch, config, False, kernel=recorder)
-        return recorder
+        return recorded_pack(module, N, batch, H, D, config)
 
     ((grid, _, _),) = launch(65535).calls
     assert grid[1] == 65535 and grid[0] * grid[2] == N * (H // N)  # one program per (peer, head) per row
     with pytest.raises(ValueError, match=r"65536 programs along the grid's y axis.*block_batch >= 2"):
         launch(65536)
+
+
+def test_a_pack_of_batch_peer_pairs_runs_the_pairs_along_the_grid_y_axis(tmp_path):
+    # payload [head, dim, batch, peer]: the y axis walks the B x N (batch, peer) pairs, block_batch x block_peer
+    # per program; the limit and dispatch's fit count pairs, not rows.
+    from layoutgen.dcp.dispatch import MAX_GRID_Y, fit_grid
+    from layoutgen.runtime.launch import Recorder
+
+    fields = {"axes": ["head", "dim", "batch", "peer"], "dtype": "input"}
+    stats = {"placement": "separate", "axes": ["slot", "head", "batch", "peer"], "slots": 1, "slot": 0}
+    spec = make_spec(name="pairs", transport="external", payload=fields, stats=stats)
+    module = render_module(spec, tmp_path)
+    N, H, D = 3, 6, 8
+    config = PackConfig(block_peer=2, block_batch=4, block_head=1, block_dim=8, num_warps=1, num_stages=1)
+
+    def launch(batch: int, config: PackConfig) -> Recorder:
+        return recorded_pack(module, N, batch, H, D, config)
+
+    ((grid, _, _),) = launch(5, config).calls
+    assert grid == (1, 2, (H // N) * (D // 8))  # 15 pairs in runs of 8
+    batch = 8 * MAX_GRID_Y // N + 1
+    with pytest.raises(ValueError, match=r"pairs needs 65536 programs.*block_batch \* block_peer >= 9"):
+        launch(batch, config)
+    fitted = fit_grid(config, batch, N)
+    assert fitted.block_batch == 8 and fit_grid(config, batch) is config  # rows alone would fit
+    ((grid, _, _),) = launch(batch, fitted).calls
+    assert grid[1] == -(-batch * N // 16) <= MAX_GRID_Y
 
 
 def test_dispatch_fits_a_batch_past_the_grid_limit_instead_of_failing(modules):

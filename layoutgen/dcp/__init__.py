@@ -143,12 +143,17 @@ class DcpFamily(Family):
         N, heads_per_peer, D, elem, wire = self._sizes(problem)
         extents = {"peer": N, "batch": bucket, "head": heads_per_peer, "dim": D}
         if problem.kernel == "pack":
-            from layoutgen.dcp.config import pack_search_floor
+            from layoutgen.dcp.config import pack_pairs_axis, pack_search_floor
 
             # An fp8 pack's dim block covers whole scale blocks (the launcher refuses less) unless it walks them
             # in chunks: without this floor 263 of the 273 configs of a block-D spec's space (N 8, H 128,
             # D 512, dim innermost) were launches that fail.
             floors = {"dim": pack_search_floor(problem.spec, D)} if problem.spec.fp8 else {}
+            pairs_axis = pack_pairs_axis(problem.spec)
+            if pairs_axis is not None:
+                # A run of (X, peer) pairs is the tile's innermost axis: its length is block_X (block_peer 1).
+                extents = {**extents, "peer": 1, pairs_axis: extents[pairs_axis] * N}
+                return SpaceExtents(extents, pairs_axis, wire, 1, floors)
             return SpaceExtents(extents, problem.spec.payload.axes[-1], wire, 1, floors)
         # Each output element loads N partials.  A payload with batch innermost (or outside a peer innermost) is
         # loaded along batch: without its innermost cap the space stopped at 16 rows, under its defaults (128

@@ -65,6 +65,21 @@ def check_pack_tile(spec: DcpSpec, D: int, config: PackConfig) -> None:
         )
 
 
+def pack_pairs_axis(spec: DcpSpec) -> str | None:
+    """The axis X whose (X, peer) pairs a pack tiles as one flat run, or None: with peer innermost and batch or
+    head right outside it, every run of the destination is a run of consecutive pairs (pair r is peer
+    r % NUM_PEERS of X index r // NUM_PEERS), one vector of the tile.  A box of peers x X stored runs of
+    NUM_PEERS elements: bf16 [head, dim, batch, peer], N 8, H 128, D 512 on the H200 packed at 50-62% of the
+    copy ceiling at best, flat at 96-98% (probe_peer_pack.py, eighteenth pass).  The generated packs at their
+    defaults, B 64 / 1024: that layout 43/49 -> 82/91%, bf16 [batch, dim, head, peer] 43/49 -> 73/93%, float32
+    78/85 -> 86/92%, fp8 in blocks of 16 or 64 37-42 -> 56/76% (probe_unseen_dcp.py).
+    The config's block_X x block_peer is the run's length (the tuner varies block_X, with block_peer 1)."""
+    axes = spec.payload.axes
+    if axes[-1] != "peer" or axes[-2] not in ("batch", "head"):
+        return None
+    return axes[-2]
+
+
 def _warps_for(tile_elements: int, elem_size: int) -> int:
     # One 16-byte access per thread per pass: 4 warps move 2 KiB; more warps only help big tiles.
     tile_bytes = tile_elements * elem_size
@@ -105,6 +120,23 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
     """A safe, reasonably fast starting point; the tuner replaces it per shape."""
     innermost = spec.payload.axes[-1]
     block_dim = min(next_pow2(D), 1024)
+    pairs_axis = pack_pairs_axis(spec)
+    if pairs_axis is not None:
+        # Runs of (X, peer) pairs, loaded along dim.  The same probe, 42 boxes of 32-256 pairs x 32-128 dims x
+        # 4 or 8 warps: 64 x 64 x 4 warps took 98% of the copy ceiling at B 64 and 92% at B 1024, where
+        # 128 x 128 took 96% (80% at B 64); with fewer pairs than 64 the dim block grows to keep the tile.
+        # An fp8 wire keeps 4096 elements (its float32 values live through the blocks' amax: 32 per thread).
+        pairs = N * (B if pairs_axis == "batch" else heads_per_peer)
+        large = pairs >= 4096 and not spec.fp8
+        block_pairs = min(next_pow2(pairs), 128 if large else 64)
+        pair_blocks = {"batch": block_pairs, "head": 1} if pairs_axis == "batch" else {"batch": 1, "head": block_pairs}
+        return PackConfig(
+            block_peer=1,
+            block_batch=pair_blocks["batch"],
+            block_head=pair_blocks["head"],
+            block_dim=min(block_dim, max(64, (16384 if large else 4096) // block_pairs)),
+            num_warps=4,
+        )
     if spec.fp8_chunks:
         # An fp8 wire that transposes (batch, head or peer innermost) walks a scale block wider than the box in
         # chunks (`DcpSpec.fp8_chunks`).  The box grows from the destination's innermost axis outward after

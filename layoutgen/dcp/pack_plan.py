@@ -11,7 +11,7 @@ import functools
 from typing import Any, cast
 
 from layoutgen.dcp import checks
-from layoutgen.dcp.config import PackConfig, check_pack_tile, default_pack_config
+from layoutgen.dcp.config import PackConfig, check_pack_tile, default_pack_config, pack_pairs_axis
 from layoutgen.dcp.plans import PackPlan, fit_grid
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import PLANS, plans_of
@@ -49,7 +49,8 @@ def plan_pack(
     if config is None:
         elem_size = bufs.tensors["payload"].element_size()
         args = (spec, bufs.N, bufs.H // bufs.N, bufs.D, max(batch, 1), elem_size)
-        resolved = fit_grid(owner.resolve("pack", bufs, batch, lambda: default_pack_config(*args)), batch)
+        peers = bufs.N if pack_pairs_axis(spec) == "batch" else None
+        resolved = fit_grid(owner.resolve("pack", bufs, batch, lambda: default_pack_config(*args)), batch, peers)
     else:
         check_config(config, PackConfig)
         resolved = config

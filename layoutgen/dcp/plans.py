@@ -95,10 +95,13 @@ def buffers_from_tensors(
     return LayoutBuffers(spec, shape, dict(zip(names, tensors, strict=True)))
 
 
-def fit_grid(config: PackConfig, batch: int) -> PackConfig:
+def fit_grid(config: PackConfig, batch: int, peers: int | None = None) -> PackConfig:
     """A pack config whose batch blocks fit the grid's y axis: past MAX_GRID_Y x block_batch rows (a batch
-    no decode step reaches, but dispatch must not fail on it) the rows per program double until they fit."""
+    no decode step reaches, but dispatch must not fail on it) the rows per program double until they fit.
+    `peers`: N where the y axis walks (batch, peer) pairs (`pack_pairs_axis`), block_batch x block_peer of
+    them per program."""
+    rows, per_row_block = (batch, 1) if peers is None else (batch * peers, config.block_peer)
     block_batch = config.block_batch
-    while -(-batch // block_batch) > MAX_GRID_Y:
+    while -(-rows // (block_batch * per_row_block)) > MAX_GRID_Y:
         block_batch *= 2
     return config if block_batch == config.block_batch else dataclasses.replace(config, block_batch=block_batch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from layoutgen.dcp.config import combine_peers_in_tile
+from layoutgen.dcp.config import combine_peers_in_tile, pack_pairs_axis
 from layoutgen.dcp.spec import SCALE_AXES, DcpSpec, PayloadDtype, Transport
 from layoutgen.render_helpers import broadcast_index, offset_sum, stride_expressions, wrap_sum
 
@@ -123,7 +123,83 @@ def kernel_context(spec: DcpSpec) -> dict[str, object]:
     context["fp8"] = spec.fp8
     if spec.fp8:
         context.update(fp8_context(spec, payload_stride))
+    context.update(pack_tile_context(spec, context))
     return context
+
+
+_PACK_BOUND = {"peer": "NUM_PEERS", "batch": "batch_size", "head": "HEADS_PER_PEER", "dim": "HEAD_DIM"}
+
+
+def pack_tile_context(spec: DcpSpec, context: dict[str, Any]) -> dict[str, object]:
+    """How both pack templates index their tile.  As a box, each axis has its own index vector.  With a pairs
+    axis X (`pack_pairs_axis`) the tile's X position holds one flat run of (X, peer) pairs, `X_pair`, from
+    which X and peer follow, and its peer position has one element; the destination's X and peer terms are
+    the pair itself (X's stride is NUM_PEERS there, peer's 1) and the run's mask one bound."""
+    payload_axes = list(spec.payload.axes)
+    pairs_axis = pack_pairs_axis(spec)
+    expand4: dict[str, str] = dict(context["expand4"])
+    expand3: dict[str, str] = dict(context["expand3"])
+    lse_axes: list[str] = list(context["lse_axes"])
+    payload_stride: dict[str, str] = dict(context["payload_stride"])
+    block_count: dict[str, str] = dict(context["block_count"])
+
+    def mask(axes: list[str], suffix: str, extra: tuple[str, ...] = ()) -> str:
+        bounds = [
+            f"({axis}_{suffix} < {_PACK_BOUND[axis]})" for axis in ["peer", "batch", "head", "dim"] if axis in axes
+        ]
+        return " & ".join([*bounds, *extra])
+
+    # fp8: the tile's dim axis is (block, lane); its mask bounds the blocks (the lanes apart, in the template).
+    fp8_bound = ("(block_5d < NUM_SCALE_BLOCKS)",)
+    if pairs_axis is None:
+        found: dict[str, object] = {
+            "pairs_axis": None,
+            "pack_program_axes": payload_axes,
+            "pack_block_count": block_count,
+            "pack_expand4": expand4,
+            "pack_expand3": expand3,
+            "pack_stride_axes": [axis for axis in payload_axes if payload_stride[axis] != "1"],
+            "pack_payload_offset4": context["payload_offset4"],
+            "pack_mask4": mask(payload_axes, "4d"),
+            "pack_lse_mask3": mask(lse_axes, "3d"),
+        }
+        if spec.fp8:
+            found["pack_expand5"] = context["expand5"]
+            found["pack_block_mask5"] = mask([a for a in payload_axes if a != "dim"], "5d", fp8_bound)
+            found["pack_fp8_payload_offset5"] = context["fp8_payload_offset5"]
+            found["pack_amax_shape"] = context["amax_shape"]
+        return found
+    others = [axis for axis in payload_axes if axis not in (pairs_axis, "peer")]
+    pair_bound = f"({pairs_axis}_pair_{{}} < {_PACK_BOUND[pairs_axis]} * NUM_PEERS)"
+    pair_strides = {**payload_stride, pairs_axis: "1"}
+    names = {**{axis: f"{axis}_4d" for axis in others}, pairs_axis: f"{pairs_axis}_pair_4d"}
+    if pairs_axis == "head":
+        block_count["head"] = (
+            "((HEADS_PER_PEER * NUM_PEERS + BLOCK_HEAD * BLOCK_PEER - 1) // (BLOCK_HEAD * BLOCK_PEER))"
+        )
+    found = {
+        "pairs_axis": pairs_axis,
+        "pack_program_axes": [axis for axis in payload_axes if axis != "peer"],
+        "pack_block_count": block_count,
+        "pack_expand4": {**expand4, "peer": expand4[pairs_axis]},
+        "pack_expand3": {**expand3, "peer": expand3[pairs_axis]},
+        "pack_stride_axes": [axis for axis in others if payload_stride[axis] != "1"],
+        "pack_payload_offset4": wrap_sum(offset_sum(payload_axes, pair_strides, "payload", names), 4),
+        "pack_mask4": " & ".join([pair_bound.format("4d"), mask(others, "4d")]),
+        "pack_lse_mask3": " & ".join(
+            [pair_bound.format("3d"), mask([a for a in lse_axes if a not in (pairs_axis, "peer")], "3d")]
+        ),
+    }
+    if spec.fp8:
+        expand5: dict[str, str] = dict(context["expand5"])
+        names5 = {**{axis: f"{axis}_5d" for axis in others}, pairs_axis: f"{pairs_axis}_pair_5d"}
+        found["pack_expand5"] = {**expand5, "peer": expand5[pairs_axis]}
+        rows = [axis for axis in others if axis != "dim"]
+        found["pack_block_mask5"] = " & ".join([pair_bound.format("5d"), mask(rows, "5d", fp8_bound)])
+        found["pack_fp8_payload_offset5"] = wrap_sum(offset_sum(payload_axes, pair_strides, "payload", names5), 4)
+        tile_blocks = {**_TILE_BLOCK, "peer": "1", pairs_axis: f"{_TILE_BLOCK[pairs_axis]} * BLOCK_PEER"}
+        found["pack_amax_shape"] = ", ".join("1" if a == "lane" else tile_blocks[a] for a in context["tile_axes"])
+    return found
 
 
 #: Each fp8 tile axis's block constexpr.

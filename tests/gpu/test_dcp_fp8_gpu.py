@@ -36,7 +36,8 @@ pytestmark = [
 ]
 
 #: Rendered beside the bundled pynccl_a2a_fp8 / vllm_a2a_fp8: e5m2, 32-element blocks, (max, sum) in a row
-#: tail, a transposing layout with batch-innermost scales, and layouts with batch, peer or head innermost.
+#: tail, a transposing layout with batch-innermost scales, and layouts with batch, peer or head innermost (peer
+#: innermost with batch or head right outside it: the pack's runs of pairs).
 EXTRA = {
     "fp8_e5m2_blocks": {
         "name": "fp8_e5m2_blocks",
@@ -72,6 +73,12 @@ EXTRA = {
             "scale_axes": ["block", "head", "batch", "peer"],
         },
         "stats": {"placement": "separate", "axes": ["slot", "head", "batch", "peer"], "slots": 2, "slot": 1},
+    },
+    "fp8_head_peer_pairs": {
+        "name": "fp8_head_peer_pairs",
+        "transport": "external",
+        "payload": {"axes": ["batch", "dim", "head", "peer"], "dtype": "float8_e5m2"},
+        "stats": {"placement": "separate", "axes": ["batch", "head", "slot", "peer"], "form": "max_sum"},
     },
     "fp8_head_inner": {
         "name": "fp8_head_inner",

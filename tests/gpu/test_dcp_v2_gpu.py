@@ -8,6 +8,7 @@ Run on the device: `python -m pytest -q -m gpu tests/gpu/test_dcp_v2_gpu.py`.
 
 from __future__ import annotations
 
+import itertools
 from types import ModuleType
 from typing import Any
 
@@ -213,6 +214,45 @@ def test_transposing_pack_with_whole_and_partial_tiles(batch: int, tmp_path: Any
             reference.pack(out, lse, want, empty=mask)
             torch.cuda.synchronize()
             assert_same_bytes(bufs, want, f"B={batch} config={config} masked={mask is not None}")
+
+
+@pytest.mark.parametrize("axes", [["head", "dim", "batch", "peer"], ["batch", "dim", "head", "peer"]])
+@pytest.mark.parametrize("batch", [1, 7, 200])
+def test_pack_of_peer_pairs_on_the_gpu(axes: list[str], batch: int, tmp_path: Any) -> None:
+    """Peer innermost with batch or head right outside it: the pack tiles flat runs of (X, peer) pairs, whole
+    and partial, at N 3 (pairs cross a run's end mid-row) and 4, lse and (max, sum) inputs, masked and not,
+    the default box and explicit ones."""
+    fields = {
+        "name": "pairs_" + "_".join(axes),
+        "summary": "x",
+        "transport": "external",
+        "payload": {"axes": axes, "dtype": "input"},
+        "stats": {"placement": "separate", "axes": ["slot", "head", "batch", "peer"], "form": "max_sum"},
+    }
+    module = render_module(make_spec(**fields), tmp_path)
+    generator = torch.Generator().manual_seed(batch)
+    configs = (
+        None,
+        PackConfig(block_batch=16, block_head=1, block_dim=64, block_peer=8),
+        PackConfig(block_batch=1, block_head=32, block_dim=32, block_peer=1, num_warps=8),
+    )
+    for peers in (3, 4):
+        heads = 8 * peers
+        out = torch.randn(batch, heads, D, generator=generator).to(torch.bfloat16).cuda()
+        maximum = (torch.randn(batch, heads, generator=generator) * 4).cuda()
+        total = (1 + 8 * torch.rand(batch, heads, generator=generator)).cuda()
+        empty = (torch.rand(batch, generator=generator) < 0.3).cuda()
+        for config, mask, with_lse in itertools.product(configs, (None, empty), (False, True)):
+            bufs = fill_bytes(module.alloc(peers, batch + 5, heads, D, torch.bfloat16, "cuda"))
+            want = fill_bytes(LayoutBuffers.allocate(module.SPEC, peers, batch + 5, heads, D, torch.bfloat16, "cuda"))
+            if with_lse:
+                module.pack(out, maximum, bufs, empty=mask, config=config)
+                reference.pack(out, maximum, want, empty=mask)
+            else:
+                module.pack(out, bufs=bufs, max_sum=(maximum, total), empty=mask, config=config)
+                reference.pack(out, None, want, empty=mask, max_sum=(maximum, total))
+            torch.cuda.synchronize()
+            assert_same_bytes(bufs, want, f"{axes} N={peers} B={batch} config={config} masked={mask is not None}")
 
 
 def test_lse_from_max_sum_on_the_gpu_is_within_one_ulp() -> None:
