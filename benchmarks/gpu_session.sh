@@ -120,6 +120,10 @@
 #                                               the fp8 GPU tests of layouts with peer innermost; OUT.tgz
 #   bash benchmarks/gpu_session.sh eighteen_grid OUT (eighteenth pass) the pairs packs still under 80% over boxes of
 #                                               64-256 pairs (fp8 blocks of 16 and 64; bf16 head pairs); OUT.tgz
+#   bash benchmarks/gpu_session.sh nineteen OUT  (nineteenth pass) peer and head as one axis of global heads: spec 13's
+#                                               gather_out as generated, over the default rule's boxes and 12 of the
+#                                               space; the merged kernels of seeds 2 and 5; bench_unseen_specs.py's
+#                                               Ulysses half; the Ulysses GPU tests; OUT.tgz
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -699,6 +703,21 @@ eighteen_grid)
     probe pairs_grid_fp8_batch fp8_peer_inner_blocks 64,128,256:1:16,32,64:4,8:1
     probe pairs_grid_fp8_head fp8_peer_inner_head 1,2:64,128:32,64:4,8:1
     probe pairs_grid_bf16_head bf16_peer_inner_head 1,2,4:64,128:32,64,128:4:1
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+nineteen)
+    # (probe_ulysses_pairs.py, the hand-written forms, ran alone first: archive/probe_ulysses_pairs_H200.json.)
+    timeout 150 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --specs 13 --kernels gather_out --space 12 \
+        --label global19 2>&1 | tail -1
+    for seed_spec in 2:15 5:19; do
+        timeout 100 python3 benchmarks/probe_ulysses_boxes.py --out "$out" --seed "${seed_spec%%:*}" \
+            --specs "${seed_spec##*:}" --kernels gather_out --label "global19_seed${seed_spec%%:*}" 2>&1 | tail -1
+    done
+    timeout 150 python3 benchmarks/bench_unseen_specs.py --family ulysses --out "$out" \
+        --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json 2>&1 | tail -8
+    timeout 150 python3 -m pytest -v -p no:cacheprovider tests/ulysses/test_ulysses_gpu.py 2>&1 \
+        | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" > "$out/gpu_tests_ulysses.log"
+    tail -2 "$out/gpu_tests_ulysses.log"
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
     ;;
 rebench)

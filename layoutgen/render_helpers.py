@@ -1,10 +1,13 @@
-"""Small code-building helpers for family templates: stride expressions, offset sums, broadcast indices.
+"""Small code-building helpers for family templates: stride expressions, offset sums, broadcast indices,
+boxes interleaved and split.
 
 They turn an axis order (outer to inner) into the Python/Triton expressions a specialised kernel bakes
 in; no family's vocabulary appears here, only axis names handed in.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 def stride_expressions(axes: tuple[str, ...] | list[str], extents: dict[str, str]) -> dict[str, str]:
@@ -46,3 +49,30 @@ def broadcast_index(axes: list[str]) -> dict[str, str]:
 
 def escape_comment(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii")
+
+
+def interleave_tree(boxes: Sequence[str]) -> str:
+    """Boxes of a power-of-two count interleaved element by element along their last axis, the first's
+    element first: the even-numbered boxes' interleave with the odd-numbered ones' (a, b, c, d: a0 b0 c0 d0
+    a1 ...)."""
+    if len(boxes) == 1:
+        return boxes[0]
+    return f"tl.interleave({interleave_tree(boxes[0::2])}, {interleave_tree(boxes[1::2])})"
+
+
+def split_tree(loaded: str, boxes: Sequence[str], block_shape: Sequence[str]) -> list[str]:
+    """Statements that undo `interleave_tree`: the box `loaded` (the last of `block_shape` times len(boxes)
+    long) split into `boxes`, evens then odds, until each holds one tensor's elements."""
+    if len(boxes) == 1:
+        return [f"{boxes[0]} = {loaded}"]
+    half = len(boxes) // 2
+    last = block_shape[-1] if half == 1 else f"{half} * {block_shape[-1]}"
+    shape = ", ".join([*block_shape[:-1], last, "2"])
+    if half == 1:
+        return [f"{boxes[0]}, {boxes[1]} = tl.split(tl.reshape({loaded}, [{shape}]))"]
+    evens, odds = f"{loaded}_even", f"{loaded}_odd"
+    return [
+        f"{evens}, {odds} = tl.split(tl.reshape({loaded}, [{shape}]))",
+        *split_tree(evens, boxes[0::2], block_shape),
+        *split_tree(odds, boxes[1::2], block_shape),
+    ]

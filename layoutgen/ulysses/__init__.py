@@ -241,12 +241,11 @@ class UlyssesFamily(Family):
         return 2 * elements * shape.dtype.itemsize
 
     def space_extents(self, problem: Any, bucket: int) -> SpaceExtents:
-        from layoutgen.ulysses.layout import KERNEL_DIRECTION, tile_axes
+        from layoutgen.ulysses.config import box_extents
+        from layoutgen.ulysses.layout import tile_axes
 
         shape = self._problem_shape(problem, bucket)
-        tensors = problem.spec.direction(KERNEL_DIRECTION[problem.kernel]).tensors
-        heads = max(shape.heads_per_peer(t.heads) for t in tensors)
-        extents = {"peer": shape.N, "batch": shape.B, "seq": shape.S_local, "head": heads, "dim": shape.D}
+        extents = box_extents(problem.spec, problem.kernel, shape)
         innermost = tile_axes(problem.spec, problem.kernel)[-1]
         return SpaceExtents(extents, innermost, shape.dtype.itemsize, 1)
 

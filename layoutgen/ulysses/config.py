@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from layoutgen.config import LaunchConfig, grow_box, next_pow2
-from layoutgen.ulysses.layout import KERNEL_DIRECTION, KERNEL_SIDES, Shape, contiguous_axes, tile_axes
+from layoutgen.ulysses.layout import (
+    KERNEL_DIRECTION,
+    KERNEL_SIDES,
+    Shape,
+    contiguous_axes,
+    global_heads,
+    tile_axes,
+)
 from layoutgen.ulysses.spec import UlyssesSpec
 
 #: Bytes one program moves by default: 4 warps, each thread four 16-byte vectors.
@@ -157,9 +164,12 @@ def fit_grid(config: TileConfig, tile_axes: Sequence[str], extents: Mapping[str,
 
 
 def box_extents(spec: UlyssesSpec, kernel: str, shape: Shape) -> dict[str, int]:
-    """Each box axis's extent at a live shape (head: the most heads per peer of the kernel's tensors)."""
+    """Each box axis's extent at a live shape (head: the most heads per peer of the kernel's tensors; where
+    the boxes take global heads, `layout.global_heads`, the most heads of a shard, and peer 1)."""
     tensors = spec.direction(KERNEL_DIRECTION[kernel]).tensors
     heads = max(shape.heads_per_peer(t.heads) for t in tensors)
+    if global_heads(spec, kernel):
+        return {"peer": 1, "batch": shape.B, "seq": shape.S_local, "head": shape.N * heads, "dim": shape.D}
     return {"peer": shape.N, "batch": shape.B, "seq": shape.S_local, "head": heads, "dim": shape.D}
 
 

@@ -44,16 +44,39 @@ KERNEL_SIDES: dict[str, tuple[str, str]] = {
 SPLIT_AXIS: dict[str, str] = {"local": "head", "attention": "seq"}
 
 
+def global_heads(spec: UlyssesSpec, kernel: str) -> bool:
+    """Whether a kernel's boxes take `peer` and `head` as one axis of the shard's heads (head g is head
+    g % (H / N) of peer g // (H / N)): a kernel between a shard and a wire that holds `head` right inside
+    `peer`, where `head` is either side's innermost axis.
+
+    Both sides then hold a peer's heads right after the previous peer's, so the pair is one run of H heads
+    on both.  As two axes, a box of them stored runs of H / N heads: a gather_out from wire [peer, head, dim,
+    seq] to local [seq, dim, head] at 48% of a copy on the H200 with its default box, 77% with the best (16
+    bytes per run at N 4, H 32, bf16), 91-95% as one run of heads (`benchmarks/probe_ulysses_pairs.py`).
+    Where `head` is innermost on neither side the runs lie along dim and the split costs nothing (yunchang's
+    gather_out from wire [peer, head, seq, batch, dim]: 97% of a copy), so those kernels keep both axes."""
+    if "local" not in KERNEL_SIDES[kernel]:
+        return False
+    wire = spec.direction(KERNEL_DIRECTION[kernel]).wire
+    position = wire.index("peer")
+    if position + 1 == len(wire) or wire[position + 1] != "head":
+        return False
+    return spec.local[-1] == "head" or [axis for axis in wire if axis != "tensor"][-1] == "head"
+
+
 def side_axes(spec: UlyssesSpec, kernel: str, side: str) -> list[str]:
     """The axes of one side of a kernel (`side` "local", "attention" or "wire"), outer to inner, a user
     side's split axis preceded by `peer` (the peer index is the outer part of it), the wire's `tensor` left
-    out (each tensor is copied on its own)."""
+    out (each tensor is copied on its own).  Where the kernel takes global heads (`global_heads`), neither
+    side has `peer`: its `head` counts the shard's heads."""
+    merged = global_heads(spec, kernel)
     if side == "wire":
-        return [axis for axis in spec.direction(KERNEL_DIRECTION[kernel]).wire if axis != "tensor"]
+        wire = spec.direction(KERNEL_DIRECTION[kernel]).wire
+        return [axis for axis in wire if axis != "tensor" and not (merged and axis == "peer")]
     split = SPLIT_AXIS[side]
     axes: list[str] = []
     for axis in spec.local if side == "local" else spec.attention:
-        axes += ["peer", axis] if axis == split else [axis]
+        axes += ["peer", axis] if axis == split and not (merged and side == "local") else [axis]
     return axes
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from layoutgen.render_helpers import broadcast_index, stride_expressions
+from layoutgen.render_helpers import broadcast_index, interleave_tree, split_tree, stride_expressions
 from layoutgen.ulysses import layout
 from layoutgen.ulysses.describe import describe_tensors, describe_wire
 from layoutgen.ulysses.layout import KERNEL_DIRECTION
@@ -90,22 +90,20 @@ class _Group:
         return "bufs.H" if self.count is HeadCount.H else "bufs.H_kv"
 
 
-def _user_offset(axes: Sequence[str], side: str, index: dict[str, str], prefix: str) -> list[str]:
-    """Terms of a user tensor's element offset: its strides are run-time arguments but the innermost's (1)."""
+def _user_offset(axes: Sequence[str], side: str, index: dict[str, str], prefix: str, merged: bool = False) -> list[str]:
+    """Terms of a user tensor's element offset: its strides are run-time arguments but the innermost's (1).
+    The split axis is peer x its own index, unless `merged` (global heads: the box's head is the shard's)."""
     split = _SPLIT_AXIS[side]
     split_extent = "HEADS" if split == "head" else "seq_len"
     terms = []
     for position, axis in enumerate(axes):
         innermost = position == len(axes) - 1
-        value = (
-            f"peer{index['peer']} * {split_extent} + {axis}{index[axis]}" if axis == split else f"{axis}{index[axis]}"
-        )
+        peer_split = axis == split and not merged
+        value = f"peer{index['peer']} * {split_extent} + {axis}{index[axis]}" if peer_split else f"{axis}{index[axis]}"
         if innermost:
             terms.append(value)
         else:
-            terms.append(
-                f"({value}) * {prefix}_stride_{axis}" if axis == split else f"{value} * {prefix}_stride_{axis}"
-            )
+            terms.append(f"({value}) * {prefix}_stride_{axis}" if peer_split else f"{value} * {prefix}_stride_{axis}")
     return terms
 
 
@@ -131,33 +129,6 @@ def _tensor_size(direction: DirectionSpec, group: _Group) -> str:
     return product(factors)
 
 
-def _interleave_tree(boxes: Sequence[str]) -> str:
-    """Boxes of a power-of-two count interleaved element by element along their last axis, the first's
-    element first: the even-numbered boxes' interleave with the odd-numbered ones' (a, b, c, d: a0 b0 c0 d0
-    a1 ...)."""
-    if len(boxes) == 1:
-        return boxes[0]
-    return f"tl.interleave({_interleave_tree(boxes[0::2])}, {_interleave_tree(boxes[1::2])})"
-
-
-def _split_tree(loaded: str, boxes: Sequence[str], block_shape: Sequence[str]) -> list[str]:
-    """Statements that undo `_interleave_tree`: the box `loaded` (the last of `block_shape` times len(boxes)
-    long) split into `boxes`, evens then odds, until each holds one tensor's elements."""
-    if len(boxes) == 1:
-        return [f"{boxes[0]} = {loaded}"]
-    half = len(boxes) // 2
-    last = block_shape[-1] if half == 1 else f"{half} * {block_shape[-1]}"
-    shape = ", ".join([*block_shape[:-1], last, "2"])
-    if half == 1:
-        return [f"{boxes[0]}, {boxes[1]} = tl.split(tl.reshape({loaded}, [{shape}]))"]
-    evens, odds = f"{loaded}_even", f"{loaded}_odd"
-    return [
-        f"{evens}, {odds} = tl.split(tl.reshape({loaded}, [{shape}]))",
-        *_split_tree(evens, boxes[0::2], block_shape),
-        *_split_tree(odds, boxes[1::2], block_shape),
-    ]
-
-
 def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     """Everything one kernel's template needs."""
     direction = spec.direction(KERNEL_DIRECTION[kernel])
@@ -172,13 +143,19 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     group_of = {t.name: _Group(t.heads) for t in direction.tensors}
     rank = len(tile_axes)
     index = {axis: f"_{rank}d" for axis in tile_axes}
+    # Global heads (`layout.global_heads`): the box's head is the shard's, and the wire's peer x head offset
+    # is head x the head stride (the wire holds head right inside peer), so peer leaves both offsets.
+    merged = layout.global_heads(spec, kernel)
+    extents = {**_TILE_EXTENT, "head": "NUM_PEERS * HEADS"} if merged else dict(_TILE_EXTENT)
     wire_strides = _wire_strides(direction)
+    if merged:
+        wire_strides.pop("peer")
+    wire_axes = [axis for axis in direction.wire if axis != "tensor" and axis in wire_strides]
     wire_terms = [
         f"{axis}{index[axis]}" if wire_strides[axis] == "1" else f"{axis}{index[axis]} * wire_stride_{axis}"
-        for axis in direction.wire
-        if axis != "tensor"
+        for axis in wire_axes
     ]
-    user_terms = _user_offset(user_axes, user_side, index, user_side)
+    user_terms = _user_offset(user_axes, user_side, index, user_side, merged)
     source_terms, destination_terms = (wire_terms, user_terms) if source_side == "wire" else (user_terms, wire_terms)
     user_strides = list(user_axes[:-1])  # the innermost stride is 1 (checked), baked in
     shared = direction.shared
@@ -191,7 +168,10 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
             if scope == "launcher":
                 factors.append(f'blocks["{group.blocks if axis == "head" and group else axis}"]')
             else:
-                extent = group.const if axis == "head" and group else _TILE_EXTENT[axis]
+                if axis == "head" and group:
+                    extent = f"NUM_PEERS * {group.const}" if merged else group.const
+                else:
+                    extent = extents[axis]
                 factors.append(block_count(axis, extent))
         return product(factors)
 
@@ -275,7 +255,7 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
             {
                 "name": tensor.name,
                 "block_head": "BLOCK_KV_HEAD" if kv_box and tensor.heads is HeadCount.H_KV else "BLOCK_HEAD",
-                "user_offset": wrap_terms(_user_offset(user_axes, user_side, index, tensor.name), 4),
+                "user_offset": wrap_terms(_user_offset(user_axes, user_side, index, tensor.name, merged), 4),
                 "const": group.const,
                 "condition": f"{variable} < {' + '.join([*start_terms, count])}",
                 "program_condition": f"program < seq_blocks * {grouped_sum([*start_terms, count])}",
@@ -294,7 +274,9 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
     names = [t.name for t in direction.tensors]
     source_role, destination_role = source_side, destination_side
     peer_meaning = (
-        "Peer p's chunk holds heads p * HEADS ... p * HEADS + HEADS - 1 of the shard"
+        "The box's head is the shard's: peer p's chunk holds heads p * HEADS ... p * HEADS + HEADS - 1"
+        if merged
+        else "Peer p's chunk holds heads p * HEADS ... p * HEADS + HEADS - 1 of the shard"
         if user_side == "local"
         else "Peer p's chunk holds rows p * seq_len ... p * seq_len + seq_len - 1 of the attention tensor"
     )
@@ -306,14 +288,14 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         y_total = ["outer_tiles"] if outer_axes else []
     else:
         y_total = [counts[groups[0].count]] if together else [counts[t.heads] for t in direction.tensors]
-    bounds = {axis: f"({axis}{index[axis]} < {_TILE_EXTENT[axis]})" for axis in tile_axes}
+    bounds = {axis: f"({axis}{index[axis]} < {extents[axis]})" for axis in tile_axes}
     joined_bounds = {
         **bounds,
-        pair_axis: f"({pair_axis}_pairs{index[pair_axis]} < {_TILE_EXTENT[pair_axis]} * {tensor_count})",
+        pair_axis: f"({pair_axis}_pairs{index[pair_axis]} < {extents[pair_axis]} * {tensor_count})",
     }
     joined_terms = [
         f"{pair_axis}_pairs{index[pair_axis]}" if axis == pair_axis else term
-        for axis, term in zip([a for a in direction.wire if a != "tensor"], wire_terms, strict=True)
+        for axis, term in zip(wire_axes, wire_terms, strict=True)
     ]
     return {
         "name": kernel,
@@ -338,6 +320,8 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         "tensor_major": tensor_major,
         "together": together,
         "kv_box": kv_box,
+        "merged": merged,
+        "kv_heads": "N * kv_heads_per_peer" if merged else "kv_heads_per_peer",
         "dense_inner": dense_inner,
         "inner_extent": inner_extent,
         "dense_check": dense_check,
@@ -351,7 +335,7 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
         "joined": joined,
         "pair_axis": pair_axis,
         "tensor_count": tensor_count,
-        "interleaved_boxes": _interleave_tree([f"{t.name}_box" for t in direction.tensors]),
+        "interleaved_boxes": interleave_tree([f"{t.name}_box" for t in direction.tensors]),
         "joined_mask": wrap_terms(list(joined_bounds.values()), 4, " & "),
         # Whole rows drop the bound on seq; the stores' mask is the loads' unless the pairs lie along another axis.
         "joined_whole_rows_mask": (
@@ -360,12 +344,12 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
             else ""
         ),
         "joined_wire_offset": wrap_terms(joined_terms, 4),
-        "split_boxes": _split_tree(
+        "split_boxes": split_tree(
             "pairs", [f"{t.name}_box" for t in direction.tensors], [f"BLOCK_{axis.upper()}" for axis in tile_axes]
         ),
         "expand": broadcast_index(tile_axes),
         "rank": rank,
-        "block_count": {axis: block_count(axis, _TILE_EXTENT[axis]) for axis in tile_axes if axis != "seq"},
+        "block_count": {axis: block_count(axis, extents[axis]) for axis in tile_axes if axis != "seq"},
         "mask": wrap_terms(list(bounds.values()), 4, " & "),
         # seq contiguous on one side: boxes of whole rows are copied without the run-time bound on seq.
         "seq_innermost": "seq" in (tile_axes[-1], layout.side_axes(spec, kernel, source_side)[-1]),
@@ -378,6 +362,7 @@ def kernel_context(spec: UlyssesSpec, kernel: str) -> dict[str, Any]:
                 "variable": g.variable,
                 "source": g.source,
                 "blocks": g.blocks,
+                "heads": f"N * {g.variable}" if merged else g.variable,
                 "tiles": f"{g.prefix}tiles",
                 "outer_tiles": f"{g.prefix}outer_tiles",
                 "kernel_tiles": tile_counts(inner_axes, g, "kernel"),

@@ -28,18 +28,19 @@ def test_default_configs_are_byte_exact(name: str, dtype: torch.dtype, generator
     run_pass(module, shape, generator, default_configs(), "wide", device="cuda")
 
 
-@pytest.mark.parametrize("layout", ["two", "four", "gqa"])
+@pytest.mark.parametrize("layout", ["two", "four", "gqa", "global"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_unusual_layouts_are_byte_exact_compiled(
     layout: str, dtype: torch.dtype, generator: torch.Generator, tmp_path: Path
 ) -> None:
     """As Triton compiles them: the interleaved and split boxes (`tl.interleave`, `tl.split`) of two and four
     tensors; k/v boxes of their own heads and strides given at compile time where head is innermost (dense and
-    strided inputs).  Default configs and small boxes with edges on every axis."""
-    from test_ulysses_kernels import FOUR_ALTERNATING, GQA_HEAD_INNERMOST, INTERLEAVED, random_module
+    strided inputs); boxes of global heads (peer and head one axis).  Default configs and small boxes with edges
+    on every axis."""
+    from test_ulysses_kernels import FOUR_ALTERNATING, GLOBAL_HEADS, GQA_HEAD_INNERMOST, INTERLEAVED, random_module
     from ulysses_cases import tiny_configs
 
-    data = {"two": INTERLEAVED, "four": FOUR_ALTERNATING, "gqa": GQA_HEAD_INNERMOST}[layout]
+    data = {"two": INTERLEAVED, "four": FOUR_ALTERNATING, "gqa": GQA_HEAD_INNERMOST, "global": GLOBAL_HEADS}[layout]
     module = random_module(data, tmp_path)
     shape = make_shape(module.SPEC, N=4, S_local=77, heads=8, kv_heads=2, D=72, dtype=dtype)
     for stride_kind in ("contiguous", "wide"):
@@ -48,10 +49,16 @@ def test_unusual_layouts_are_byte_exact_compiled(
     run_pass(module, shape, generator, small, fresh=False, device="cuda")
 
 
-@pytest.mark.parametrize("name", BUNDLED)
-def test_configs_from_the_tuners_space_are_byte_exact(name: str, generator: torch.Generator) -> None:
-    """Eight feasible configs per kernel, drawn from the space the tuner searches (S_local 64)."""
-    module = generated_module(name)
+@pytest.mark.parametrize("name", [*BUNDLED, "global_heads"])
+def test_configs_from_the_tuners_space_are_byte_exact(name: str, generator: torch.Generator, tmp_path: Path) -> None:
+    """Eight feasible configs per kernel, drawn from the space the tuner searches (S_local 64); the bundled specs
+    and one whose scatter and gather_out take global heads (head blocks across peers)."""
+    if name == "global_heads":
+        from test_ulysses_kernels import GLOBAL_HEADS, random_module
+
+        module = random_module(GLOBAL_HEADS, tmp_path)
+    else:
+        module = generated_module(name)
     spec = module.SPEC
     shape = make_shape(spec, N=2, S_local=64, heads=4, kv_heads=2, D=64, B=2)
     draw = random.Random(0)
