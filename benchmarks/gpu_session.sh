@@ -124,6 +124,10 @@
 #                                               gather_out as generated, over the default rule's boxes and 12 of the
 #                                               space; the merged kernels of seeds 2 and 5; bench_unseen_specs.py's
 #                                               Ulysses half; the Ulysses GPU tests; OUT.tgz
+#   bash benchmarks/gpu_session.sh nineteen_dcp OUT (nineteenth pass) DCP packs of (peer, head) pairs: bf16 [batch, dim, peer,
+#                                               head] at H 32 and 128 and seed 0's spec 1 (fp8, the same order), B 64 and
+#                                               1024, defaults and 8 of the space, and OLD_TREE's box defaults; the GPU
+#                                               tests of those packs; OUT.tgz
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -718,6 +722,23 @@ nineteen)
     timeout 150 python3 -m pytest -v -p no:cacheprovider tests/ulysses/test_ulysses_gpu.py 2>&1 \
         | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" > "$out/gpu_tests_ulysses.log"
     tail -2 "$out/gpu_tests_ulysses.log"
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+nineteen_dcp)
+    spec="--spec-file benchmarks/specs/probe_bf16_head_inner_peer_next.yaml"
+    for heads in 32 128; do
+        timeout 90 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $spec --kernel pack \
+            --batches 64,1024 --heads "$heads" --sample 8 --label "peer_head_pairs_h$heads" 2>&1 | tail -2
+        PYTHONPATH=/tmp/site:$OLD_TREE:$PWD timeout 60 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" \
+            $spec --kernel pack --batches 64,1024 --heads "$heads" --sample 0 --label "peer_head_box_h$heads" 2>&1 | tail -2
+    done
+    timeout 120 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs 1 --kernel pack --batches 64,1024 \
+        --sample 8 --label spec1_pairs 2>&1 | tail -2
+    PYTHONPATH=/tmp/site:$OLD_TREE:$PWD timeout 60 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs 1 \
+        --kernel pack --batches 64,1024 --sample 0 --label spec1_box 2>&1 | tail -2
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_v2_gpu.py \
+        tests/gpu/test_dcp_fp8_gpu.py -k "pairs or head_inner" > "$out/gpu_tests_pairs.log" 2>&1
+    tail -3 "$out/gpu_tests_pairs.log"
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
     ;;
 rebench)

@@ -11,8 +11,10 @@ default, the best and the five after it), both rewritten after every kernel.
 
 Usage (GPU): python benchmarks/probe_unseen_dcp.py --out DIR [--label L] [--seed 0] [--specs 1,7,9]
              [--bundled pynccl_a2a,vllm_a2a] [--spec-file SPEC.yaml ...] [--batches 1,8,64,1024]
-             [--kernel combine] [--kernel pack] [--sample 60]
+             [--kernel combine] [--kernel pack] [--sample 60] [--heads 32]
              [--grid 32,64,128:1:8,16,32:1,2,4[:1,2,8]]
+
+`--heads` replaces the point's H (heads of `out`; H / N per peer), e.g. to see short runs of heads.
 """
 
 from __future__ import annotations
@@ -58,11 +60,19 @@ def grid_configs(kernel: str, grid: str, N: int, Hl: int, D: int, heads_limit: i
 
 
 def probe_kernel(
-    bench: Bench, ceiling: CopyCeiling, module: Any, kernel: str, sample: int, pool: Any, grid: str | None, B: int
+    bench: Bench,
+    ceiling: CopyCeiling,
+    module: Any,
+    kernel: str,
+    sample: int,
+    pool: Any,
+    grid: str | None,
+    B: int,
+    heads: int = DCP_POINT["H"],
 ) -> list[dict[str, Any]]:
     """The default, `sample` configs of the tuner's space and the `grid`'s boxes, each checked and timed at
-    DCP_POINT with batch B."""
-    point = {**DCP_POINT, "B": B}
+    DCP_POINT with batch B and `heads` heads."""
+    point = {**DCP_POINT, "B": B, "H": heads}
     N, H, D = point["N"], point["H"], point["D"]
     configs: dict[str, Any] = {"default": None}
     if sample:
@@ -91,7 +101,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"# Unseen DCP specs over the tuner's space ({results['label']}) on {env.get('device', 'cpu')}",
         "",
         f"{results['date']}; torch {env.get('torch')}, triton {env.get('triton')}; seed {results['seed']}, point "
-        f"{', '.join(f'{k} {v}' for k, v in DCP_POINT.items())} (B as the row says), bf16 `out`; {results['sample']} configs of each "
+        f"{', '.join(f'{k} {v}' for k, v in results['point'].items())} (B as the row says), bf16 `out`; {results['sample']} configs of each "
         "kernel's space and its default, CUDA-graph replay medians, rotated inputs; % of copy = a plain copy of "
         "the same bytes, same rotation.",
         "",
@@ -132,6 +142,7 @@ def main() -> int:
     parser.add_argument("--batches", default=str(DCP_POINT["B"]), help="batch sizes, comma-separated")
     parser.add_argument("--kernel", action="append", choices=("pack", "combine"))
     parser.add_argument("--sample", type=int, default=60, help="configs of the tuner's space (0: none)")
+    parser.add_argument("--heads", type=int, default=DCP_POINT["H"], help="H, the heads of `out` (default 128)")
     parser.add_argument("--grid", help="BATCH:HEAD:DIM:WARPS[:PEER], comma-separated lists: boxes beside the space's")
     args = parser.parse_args()
     from layoutgen.spec import bundled_specs, load_spec
@@ -147,6 +158,7 @@ def main() -> int:
         "label": args.label,
         "seed": args.seed,
         "sample": args.sample,
+        "point": {**DCP_POINT, "H": args.heads},
         "kernels": [],
     }
     stem = f"probe_unseen_dcp_{args.label}_{torch.cuda.get_device_name().replace(' ', '_')}"
@@ -158,7 +170,7 @@ def main() -> int:
         for label, spec in chosen:
             module = render(spec, Path(directory))
             for kernel, B in itertools.product(args.kernel or ["combine"], (int(b) for b in args.batches.split(","))):
-                rows = probe_kernel(bench, ceiling, module, kernel, args.sample, pool, args.grid, B)
+                rows = probe_kernel(bench, ceiling, module, kernel, args.sample, pool, args.grid, B, args.heads)
                 results["kernels"].append(
                     {"spec": label, "layout": dcp_layout(spec), "kernel": kernel, "B": B, "rows": rows}
                 )

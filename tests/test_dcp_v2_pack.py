@@ -12,7 +12,7 @@ The shape space (spec x dtype x N x stats input x mask x rows x heads x D x stri
 as in tests/test_pack.py; the specs are the DCP bundled ones (three of them (max, sum)) and five written
 here to reach the corners: (max, sum) in a row tail (bf16 rows; float32 batch-innermost rows), swapped
 (max, sum) slots outside the innermost axis, batch-innermost bf16 payload with batch-innermost stats, and
-peer innermost with batch or head outside it (runs of pairs).
+peer innermost with batch or head outside it, and head innermost with peer outside it (runs of pairs).
 """
 
 from __future__ import annotations
@@ -85,6 +85,13 @@ V2_SPEC_FIELDS: dict[str, dict[str, Any]] = {
         "transport": "external",
         "payload": {"axes": ["batch", "dim", "head", "peer"], "dtype": "float32"},
         "stats": {"placement": "separate", "axes": ["head", "slot", "peer", "batch"], "slots": 2, "slot": 1},
+    },
+    # head innermost with peer right outside it: runs of (peer, head) pairs, the global heads.
+    "peer_head_pairs": {
+        "name": "peer_head_pairs",
+        "transport": "external",
+        "payload": {"axes": ["batch", "dim", "peer", "head"], "dtype": "input"},
+        "stats": {"placement": "separate", "axes": ["batch", "peer", "head", "slot"], "slots": 2, "slot": 0},
     },
     "batch_inner_bf16": {
         "name": "batch_inner_bf16",

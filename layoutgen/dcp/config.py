@@ -66,18 +66,34 @@ def check_pack_tile(spec: DcpSpec, D: int, config: PackConfig) -> None:
 
 
 def pack_pairs_axis(spec: DcpSpec) -> str | None:
-    """The axis X whose (X, peer) pairs a pack tiles as one flat run, or None: with peer innermost and batch or
-    head right outside it, every run of the destination is a run of consecutive pairs (pair r is peer
+    """The axis X whose pairs with peer a pack tiles as one flat run, or None: with peer innermost and batch or
+    head right outside it, every run of the destination is a run of consecutive (X, peer) pairs (pair r is peer
     r % NUM_PEERS of X index r // NUM_PEERS), one vector of the tile.  A box of peers x X stored runs of
     NUM_PEERS elements: bf16 [head, dim, batch, peer], N 8, H 128, D 512 on the H200 packed at 50-62% of the
     copy ceiling at best, flat at 96-98% (probe_peer_pack.py, eighteenth pass).  The generated packs at their
     defaults, B 64 / 1024: that layout 43/49 -> 82/91%, bf16 [batch, dim, head, peer] 43/49 -> 73/93%, float32
     78/85 -> 86/92%, fp8 in blocks of 16 or 64 37-42 -> 56/76% (probe_unseen_dcp.py).
+    With head innermost and peer right outside it the pairs are (peer, head): pair r is global head r
+    (`pack_pairs_peer_outer`).  A box of peers x heads stored runs of H / N heads: bf16 [batch, dim, peer,
+    head] at N 8, H 32 packed at 36% / 34% of the copy at B 64 / 1024 (8-byte runs), as pairs at 83% / 91%;
+    at H 128 5.89 µs both ways at B 64 and 71.5 -> 68.4 µs at B 1024 (nineteenth pass).
     The config's block_X x block_peer is the run's length (the tuner varies block_X, with block_peer 1)."""
     axes = spec.payload.axes
+    if pack_pairs_peer_outer(spec):
+        return "head"
     if axes[-1] != "peer" or axes[-2] not in ("batch", "head"):
         return None
     return axes[-2]
+
+
+def pack_pairs_peer_outer(spec: DcpSpec) -> bool:
+    """Whether the pack's pairs are (peer, head), head innermost and peer right outside it: pair r is head
+    r % HEADS_PER_PEER of peer r // HEADS_PER_PEER, the global head r of `out`.  Not on an fp8 wire: there the
+    pairs lost to the box (bench_unseen_specs.py's seed 0 spec 1, one scale per row, N 8, H 128: 46% / 62% of
+    the copy at B 64 / 1024 as a box, 33% / 55% as pairs at their default, 44% / 55% at the best of 8 configs),
+    where the quantisation, not the stores, sets the pace."""
+    axes = spec.payload.axes
+    return axes[-1] == "head" and axes[-2] == "peer" and not spec.fp8
 
 
 def _warps_for(tile_elements: int, elem_size: int) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from layoutgen.dcp.config import combine_peers_in_tile, pack_pairs_axis
+from layoutgen.dcp.config import combine_peers_in_tile, pack_pairs_axis, pack_pairs_peer_outer
 from layoutgen.dcp.spec import SCALE_AXES, DcpSpec, PayloadDtype, Transport
 from layoutgen.render_helpers import broadcast_index, offset_sum, stride_expressions, wrap_sum
 
@@ -132,9 +132,10 @@ _PACK_BOUND = {"peer": "NUM_PEERS", "batch": "batch_size", "head": "HEADS_PER_PE
 
 def pack_tile_context(spec: DcpSpec, context: dict[str, Any]) -> dict[str, object]:
     """How both pack templates index their tile.  As a box, each axis has its own index vector.  With a pairs
-    axis X (`pack_pairs_axis`) the tile's X position holds one flat run of (X, peer) pairs, `X_pair`, from
-    which X and peer follow, and its peer position has one element; the destination's X and peer terms are
-    the pair itself (X's stride is NUM_PEERS there, peer's 1) and the run's mask one bound."""
+    axis X (`pack_pairs_axis`) the tile's X position holds one flat run of (X, peer) pairs, or of (peer, head)
+    pairs, `X_pair`, from which X and peer follow, and its peer position has one element; the destination's X
+    and peer terms are the pair itself (the inner one's stride is 1, the outer one's its extent) and the run's
+    mask one bound."""
     payload_axes = list(spec.payload.axes)
     pairs_axis = pack_pairs_axis(spec)
     expand4: dict[str, str] = dict(context["expand4"])
@@ -154,6 +155,7 @@ def pack_tile_context(spec: DcpSpec, context: dict[str, Any]) -> dict[str, objec
     if pairs_axis is None:
         found: dict[str, object] = {
             "pairs_axis": None,
+            "pairs_peer_outer": False,
             "pack_program_axes": payload_axes,
             "pack_block_count": block_count,
             "pack_expand4": expand4,
@@ -179,6 +181,7 @@ def pack_tile_context(spec: DcpSpec, context: dict[str, Any]) -> dict[str, objec
         )
     found = {
         "pairs_axis": pairs_axis,
+        "pairs_peer_outer": pack_pairs_peer_outer(spec),
         "pack_program_axes": [axis for axis in payload_axes if axis != "peer"],
         "pack_block_count": block_count,
         "pack_expand4": {**expand4, "peer": expand4[pairs_axis]},

@@ -216,12 +216,14 @@ def test_transposing_pack_with_whole_and_partial_tiles(batch: int, tmp_path: Any
             assert_same_bytes(bufs, want, f"B={batch} config={config} masked={mask is not None}")
 
 
-@pytest.mark.parametrize("axes", [["head", "dim", "batch", "peer"], ["batch", "dim", "head", "peer"]])
+@pytest.mark.parametrize(
+    "axes", [["head", "dim", "batch", "peer"], ["batch", "dim", "head", "peer"], ["batch", "dim", "peer", "head"]]
+)
 @pytest.mark.parametrize("batch", [1, 7, 200])
 def test_pack_of_peer_pairs_on_the_gpu(axes: list[str], batch: int, tmp_path: Any) -> None:
     """Peer innermost with batch or head right outside it: the pack tiles flat runs of (X, peer) pairs, whole
     and partial, at N 3 (pairs cross a run's end mid-row) and 4, lse and (max, sum) inputs, masked and not,
-    the default box and explicit ones."""
+    the default box and explicit ones; and runs of (peer, head) pairs where head is innermost."""
     fields = {
         "name": "pairs_" + "_".join(axes),
         "summary": "x",
