@@ -577,3 +577,22 @@ def test_the_checks_catch_a_broken_v2_pack(
     }
     with pytest.raises(AssertionError):
         check_case(module, case, generator)
+
+
+@pytest.mark.parametrize(
+    ("axes", "form"),
+    [(["batch", "dim", "head", "peer"], "lse"), (["batch", "dim", "peer", "head"], "max_sum")],
+    ids=["head-peer-pairs", "peer-head-pairs"],
+)
+def test_packs_of_pairs_with_the_stats_in_the_row_tail(axes: list[str], form: str, tmp_path: Any) -> None:
+    """Runs of (head, peer) and (peer, head) pairs whose stats live in the payload rows' tail: the tail's offset
+    takes the payload's strides of the pair's two axes, which the pairs' own offset does not (both failed to
+    build, a stride undefined, until the kernel defined every payload stride).  Verified as `build` does."""
+    from layoutgen.dcp.verify import verify_module
+
+    stats: dict[str, Any] = {"placement": "row_tail", **({"form": "max_sum"} if form == "max_sum" else {})}
+    spec = make_spec(
+        name="row_tail_pairs", transport="external", payload={"axes": axes, "dtype": "float32"}, stats=stats
+    )
+    report = verify_module(render_module(spec, tmp_path))
+    assert report.ok, report.failures

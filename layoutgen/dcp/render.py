@@ -186,7 +186,8 @@ def pack_tile_context(spec: DcpSpec, context: dict[str, Any]) -> dict[str, objec
         "pack_block_count": block_count,
         "pack_expand4": {**expand4, "peer": expand4[pairs_axis]},
         "pack_expand3": {**expand3, "peer": expand3[pairs_axis]},
-        "pack_stride_axes": [axis for axis in others if payload_stride[axis] != "1"],
+        # Every stride the stats may need (a row tail's offset takes the payload's own, peer's too).
+        "pack_stride_axes": [axis for axis in payload_axes if payload_stride[axis] != "1"],
         "pack_payload_offset4": wrap_sum(offset_sum(payload_axes, pair_strides, "payload", names), 4),
         "pack_mask4": " & ".join([pair_bound.format("4d"), mask(others, "4d")]),
         "pack_lse_mask3": " & ".join(
