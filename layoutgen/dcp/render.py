@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from layoutgen.dcp.config import combine_peers_in_tile, pack_pairs_axis, pack_pairs_peer_outer
@@ -187,12 +186,9 @@ def pack_tile_context(spec: DcpSpec, context: dict[str, Any]) -> dict[str, objec
         "pack_block_count": block_count,
         "pack_expand4": {**expand4, "peer": expand4[pairs_axis]},
         "pack_expand3": {**expand3, "peer": expand3[pairs_axis]},
-        # The strides of the axes outside the pair, and those a row tail's stats offset takes (the pair's two).
+        # The strides of the axes outside the pair; a row tail's stats offset takes every payload stride.
         "pack_stride_axes": [
-            axis
-            for axis in payload_axes
-            if payload_stride[axis] != "1"
-            and (axis in others or re.search(rf"\bpayload_stride_{axis}\b", str(context["lse_offset3"])))
+            axis for axis in payload_axes if payload_stride[axis] != "1" and (axis in others or spec.row_tail)
         ],
         "pack_payload_offset4": wrap_sum(offset_sum(payload_axes, pair_strides, "payload", names), 4),
         "pack_mask4": " & ".join([pair_bound.format("4d"), mask(others, "4d")]),

@@ -90,7 +90,7 @@ class _Group:
         return "bufs.H" if self.count is HeadCount.H else "bufs.H_kv"
 
 
-def _user_offset(axes: Sequence[str], side: str, index: dict[str, str], prefix: str, merged: bool = False) -> list[str]:
+def _user_offset(axes: Sequence[str], side: str, index: dict[str, str], prefix: str, merged: bool) -> list[str]:
     """Terms of a user tensor's element offset: its strides are run-time arguments but the innermost's (1).
     The split axis is peer x its own index, unless `merged` (global heads: the box's head is the shard's)."""
     split = _SPLIT_AXIS[side]
