@@ -128,6 +128,31 @@
 #                                               head] at H 32 and 128 and seed 0's spec 1 (fp8, the same order), B 64 and
 #                                               1024, defaults and 8 of the space, and OLD_TREE's box defaults; the GPU
 #                                               tests of those packs; OUT.tgz
+#   bash benchmarks/gpu_session.sh twenty OUT   (twentieth pass) the four drawn transposing fp8 packs under 80% over boxes
+#                                               that extend the destination's run past one axis (more peers, batch rows or
+#                                               whole rows in one pass at 16 warps), with and without register caps; OUT.tgz
+#   bash benchmarks/gpu_session.sh twenty_rows OUT (twentieth pass) batch-innermost fp8 packs with blocks of 256 or 512 taken
+#                                               whole: seed 3's spec 3 (one scale per row) and a probe spec in blocks of
+#                                               256 over boxes of rows x dims x warps, the new defaults; the fp8 GPU
+#                                               tests; OUT.tgz
+#   bash benchmarks/gpu_session.sh twenty_combine OUT (twentieth pass) the combine of bf16 [batch, dim, peer, head] with the peers
+#                                               in the tile (archive/probe_peer_head_tile_combine.diff on a copy, not
+#                                               adopted) at H 32 and 128, B 64 and 1024: default, 6 of the space and a
+#                                               grid, and this tree's per-peer loop; the GPU combine tests of peers in
+#                                               the tile and the fp8 GPU tests of batch-innermost packs; OUT.tgz
+#   bash benchmarks/gpu_session.sh batchfirst OUT (twentieth pass) vllm_a2a's combine with its programs walking batch fastest
+#                                               (sglang's grid order; a variant of the generated module written into OUT)
+#                                               beside the committed one and sglang, rotated at five points and
+#                                               L2-resident at N 8, B 64
+#   bash benchmarks/gpu_session.sh fp8combine OUT (twentieth pass) seed 0's fp8 combines under 55% (specs 1 and 7) over dim
+#                                               blocks of 64-256 beside their defaults, B 1024
+#   bash benchmarks/gpu_session.sh fp8combine2 OUT (twentieth pass) the same boxes on the drawn fp8 combines with batch innermost
+#                                               of seeds 1-3 at B 1024, and seed 0's spec 7 at B 64
+#   bash benchmarks/gpu_session.sh fp8combine3 OUT (twentieth pass) the fp8 batch-innermost combines' default of its tree (32 x 128 x 1
+#                                               at B 1024; fp8combine4 then moved it to 32 x 64 x 1) against the old box
+#                                               (32 x 32 x 1) at B 256 and 1024
+#   bash benchmarks/gpu_session.sh fp8combine4 OUT (twentieth pass) the five fp8 batch-innermost combines at B 1024 over 32 rows x
+#                                               64 or 128 dims x 1 or 2 warps (the tuner's space allows 64 per thread)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -741,7 +766,127 @@ nineteen_dcp)
     tail -3 "$out/gpu_tests_pairs.log"
     tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
     ;;
+twenty)
+    probe="timeout 140 python3 benchmarks/probe_fp8_transpose.py --out $out --points ${POINTS:-1024} --draw 2:5,3:3,3:11"
+    $probe --label s0_01 --only unseen_dcp_01 --maxnreg auto,0,96 \
+        --box unseen_dcp_01:2,1,16,512,16 --box unseen_dcp_01:2,1,16,512,8 --box unseen_dcp_01:1,1,16,512,16 \
+        --box unseen_dcp_01:4,1,16,512,16 2>&1 | tail -3
+    $probe --label s2_05 --only unseen_dcp_s2_05 --maxnreg auto,64 \
+        --box unseen_dcp_s2_05:2,1,16,64,4 --box unseen_dcp_s2_05:2,1,16,128,8 --box unseen_dcp_s2_05:4,1,16,32,4 \
+        --box unseen_dcp_s2_05:4,1,16,64,8 --box unseen_dcp_s2_05:8,1,16,16,4 --box unseen_dcp_s2_05:8,1,16,32,8 \
+        --box unseen_dcp_s2_05:8,1,16,16,2 2>&1 | tail -3
+    $probe --label s3_11 --only unseen_dcp_s3_11 --maxnreg auto,64 \
+        --box unseen_dcp_s3_11:1,2,16,64,4 --box unseen_dcp_s3_11:1,2,16,128,8 --box unseen_dcp_s3_11:1,4,16,32,4 \
+        --box unseen_dcp_s3_11:1,4,16,64,8 --box unseen_dcp_s3_11:1,8,16,16,4 --box unseen_dcp_s3_11:1,8,16,32,8 \
+        --box unseen_dcp_s3_11:1,8,16,16,2 2>&1 | tail -3
+    $probe --label s3_03 --only unseen_dcp_s3_03 --maxnreg auto,0 \
+        --box unseen_dcp_s3_03:1,16,1,512,8 --box unseen_dcp_s3_03:1,32,1,512,16 --box unseen_dcp_s3_03:1,16,1,512,16 \
+        --box unseen_dcp_s3_03:1,8,1,512,4 --box unseen_dcp_s3_03:1,8,1,512,8 2>&1 | tail -3
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+twenty_rows)
+    probe="timeout 150 python3 benchmarks/probe_unseen_dcp.py --out $out --kernel pack --sample 0"
+    $probe --seed 3 --specs 3 --batches 64,1024 --grid 16,32:1:128,256,512:4,8,16 --label s3_03_rows 2>&1 | tail -2
+    $probe --seed 3 --specs 3 --batches 1,8 --grid 1,4,8:1,2,16:128,512:4,8 --label s3_03_small 2>&1 | tail -2
+    $probe --specs "" --spec-file benchmarks/specs/probe_fp8_batch_inner_block256.yaml --batches 64,1024 \
+        --grid 16,32:1:128,256:4,8,16 --label block256_rows 2>&1 | tail -2
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_fp8_gpu.py \
+        > "$out/gpu_tests_fp8.log" 2>&1
+    tail -3 "$out/gpu_tests_fp8.log"
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+twenty_combine)
+    # The variant (archive/probe_peer_head_tile_combine.diff, not adopted) applied to a copy of the package,
+    # then this tree's per-peer loop (OLD_TREE in the run that measured it).
+    tree=$(mktemp -d)
+    cp -r layoutgen "$tree/"
+    patch -s -p1 -d "$tree" < benchmarks/results/archive/probe_peer_head_tile_combine.diff
+    spec=(--specs "" --spec-file benchmarks/specs/probe_bf16_head_inner_peer_next.yaml --kernel combine --batches 64,1024)
+    grids=([32]=2,4,8:4:32,64:2,4 [128]=1,2:16:16,32:2,4,8)
+    for heads in 32 128; do
+        PYTHONPATH=/tmp/site:$tree:$PWD timeout 110 python3 benchmarks/probe_unseen_dcp.py --out "$out" "${spec[@]}" \
+            --heads "$heads" --sample 6 --grid "${grids[$heads]}" --label "peer_head_tile_h$heads" 2>&1 | tail -2
+        timeout 50 python3 benchmarks/probe_unseen_dcp.py --out "$out" "${spec[@]}" \
+            --heads "$heads" --sample 0 --label "peer_head_loop_h$heads" 2>&1 | tail -2
+    done
+    timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_v2_gpu.py -k peer_innermost \
+        > "$out/gpu_tests_combine.log" 2>&1
+    tail -3 "$out/gpu_tests_combine.log"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_fp8_gpu.py -k "batch_inner or chunks or words" \
+        > "$out/gpu_tests_fp8.log" 2>&1
+    tail -3 "$out/gpu_tests_fp8.log"
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+batchfirst)
+    python3 - generated/vllm_a2a.py "$out/vllm_a2a_batch_first.py" <<'PY'
+import sys
+from pathlib import Path
+
+source, target = Path(sys.argv[1]), Path(sys.argv[2])
+text = source.read_text()
+old_kernel = """    program = tl.program_id(0)
+    dim_block = program % ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
+    program = program // ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
+    head_block = program % ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD)
+    program = program // ((HEADS_PER_PEER + BLOCK_HEAD - 1) // BLOCK_HEAD)
+    batch_block = program
+"""
+new_kernel = """    batch_block = tl.program_id(0)
+    program = tl.program_id(1)
+    dim_block = program % ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
+    head_block = program // ((HEAD_DIM + BLOCK_DIM - 1) // BLOCK_DIM)
+"""
+old_grid = """    programs = (
+        triton.cdiv(batch, config.block_batch)
+        * triton.cdiv(heads_per_peer, config.block_head)
+        * triton.cdiv(head_dim, config.block_dim)
+    )
+    kernel[(programs,)]("""
+new_grid = """    programs = triton.cdiv(heads_per_peer, config.block_head) * triton.cdiv(head_dim, config.block_dim)
+    kernel[(triton.cdiv(batch, config.block_batch), programs)]("""
+assert text.count(old_kernel) == 1 and text.count(old_grid) == 1
+target.write_text(text.replace(old_kernel, new_kernel).replace(old_grid, new_grid))
+PY
+    modules=(--module committed=generated/vllm_a2a.py --module batch_first="$out/vllm_a2a_batch_first.py")
+    timeout 300 python3 benchmarks/probe_combine.py "${modules[@]}" --point 8:64:128:512 --point 8:8:128:512 \
+        --point 8:256:128:512 --point 2:64:128:512 --point 4:64:128:512 --out "$out/probe_combine_batch_first.json" \
+        2>&1 | tail -8
+    timeout 120 python3 benchmarks/probe_combine.py "${modules[@]}" --resident --point 8:64:128:512 \
+        --out "$out/probe_combine_batch_first_resident.json" 2>&1 | tail -3
+    ;;
+fp8combine)
+    # The fp8 combines under 55% of the copy (seed 0's specs 1 and 7): wider dim blocks, whose rows' block
+    # scales then load as whole sectors, beside the defaults.
+    probe="timeout 200 python3 benchmarks/probe_unseen_dcp.py --out $out --kernel combine --sample 0 --batches 1024"
+    $probe --specs 7 --grid 32,64:1:64,128,256:1,4 --label fp8_combine_s7 2>&1 | tail -1
+    $probe --specs 1 --grid 2,4:16:64,128,256:2,4 --label fp8_combine_s1 2>&1 | tail -1
+    ;;
+fp8combine2)
+    # The wider boxes on the other drawn fp8 combines with batch innermost (seeds 1-3), and spec 7 at B 64.
+    probe="timeout 100 python3 benchmarks/probe_unseen_dcp.py --out $out --kernel combine --sample 0"
+    for draw in 1:3 2:3 3:3 3:9; do
+        $probe --seed "${draw%%:*}" --specs "${draw##*:}" --batches 1024 --grid 32,64:1:64,128:1,4 \
+            --label "fp8_combine_s${draw%%:*}_${draw##*:}" 2>&1 | tail -1
+    done
+    $probe --specs 7 --batches 64 --grid 16,32,64:1:64,128:1,4 --label fp8_combine_s7_b64 2>&1 | tail -1
+    ;;
+fp8combine3)
+    # The default of the fp8 combines with batch innermost on the tree it ran on (dims widened to 128 where the
+    # grid held four waves) at B 256 and 1024 on seed 0's spec 7 and seed 3's spec 3.
+    probe="timeout 100 python3 benchmarks/probe_unseen_dcp.py --out $out --kernel combine --sample 0 --batches 256,1024"
+    $probe --specs 7 --grid 32:1:32:1 --label fp8_combine_default_s0_7 2>&1 | tail -2
+    $probe --seed 3 --specs 3 --grid 32:1:32:1 --label fp8_combine_default_s3_3 2>&1 | tail -2
+    ;;
+fp8combine4)
+    # Boxes of at most 64 elements per thread (the tuner's space) beside 32 x 128 x 1, the same five specs, B 1024.
+    probe="timeout 60 python3 benchmarks/probe_unseen_dcp.py --out $out --kernel combine --sample 0 --batches 1024"
+    for draw in 0:7 1:3 2:3 3:3 3:9; do
+        $probe --seed "${draw%%:*}" --specs "${draw##*:}" --grid 32:1:64,128:1,2 \
+            --label "fp8_combine_64pt_s${draw%%:*}_${draw##*:}" 2>&1 | tail -1
+    done
+    ;;
 rebench)
+
     # The two layouts the bench step's 200 s left out first; each spec's rows are written as it ends.
     timeout 400 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" \
         --specs pynccl_a2a_aligned flashinfer_mnnvl pynccl_a2a vllm_a2a 2>&1 | tail -4

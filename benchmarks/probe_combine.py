@@ -41,8 +41,9 @@ from layoutgen.dcp.config import CombineConfig, default_combine_config
 from layoutgen.dcp.tolerances import combine_error
 from layoutgen.tuning.timing import CudaGraphTimer, device_l2_bytes, rotating_sets
 
-#: (block_head, block_dim, num_warps): one-warp small tiles up to whole-row tiles (1 x 512 x 4: sglang's).
-CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 2), (1, 512, 4), (2, 512, 4))
+#: (block_head, block_dim, num_warps): one-warp small tiles up to whole-row tiles (1 x 512 x 4: sglang's;
+#: 1 x 512 x 1: the database's at vllm_a2a N 8, B 64).
+CONFIGS = ((1, 128, 1), (2, 128, 1), (2, 256, 2), (1, 512, 1), (1, 512, 2), (1, 512, 4), (2, 512, 4))
 POINTS = [(N, B, 128, 512) for N in (2, 8) for B in (1, 8, 64, 256)] + [(4, 8, 128, 512), (8, 8, 32, 128)]
 
 

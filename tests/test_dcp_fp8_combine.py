@@ -177,6 +177,16 @@ def test_fp8_combine_matches_the_dequantised_merge(spec_name: str, modules: dict
     check_dequantised_merge(modules[spec_name], 3, 5, 2, 32, 11, COMBINE_CONFIGS)
 
 
+def test_batch_innermost_fp8_combine_in_wide_boxes(modules: dict[str, ModuleType]) -> None:
+    """batch innermost: the box the default takes at large batch (32 rows x 64 dims x 1 warp), over a whole tile
+    of rows and a partial one, and a box of four blocks in four warps."""
+    configs = [
+        CombineConfig(block_batch=32, block_head=1, block_dim=64, num_warps=1),
+        CombineConfig(block_batch=16, block_head=2, block_dim=64, num_warps=4),
+    ]
+    check_dequantised_merge(modules["fp8_batch_inner"], 2, 40, 2, 128, 5, configs)
+
+
 # Any payload order, scale layout, stats form and placement, fp8 format and block: the default config at small
 # awkward shapes (one peer among them; at least two rows, the last one empty on every rank).
 @settings(max_examples=12, **FAST)
@@ -297,8 +307,10 @@ def test_the_tuners_space_holds_only_configs_the_fp8_launcher_accepts(block: int
 @pytest.mark.parametrize("block", [None, 32, 128])
 @pytest.mark.parametrize("innermost", ["dim", "batch", "head"])
 def test_default_pack_configs_launch(block: int | None, innermost: str) -> None:
-    """Whole scale blocks where dim is innermost; where the pack transposes, the tuner's boxes of the H200 (64
-    rows x 64 dims, 16 heads x 128 dims) and two waves of programs (264) at B >= 64."""
+    """Whole scale blocks where dim is innermost; where the pack transposes, the boxes measured on the H200 at
+    B 1024 (32 rows x 128 dims, or the whole block of 256 or 512 at 32 per thread; 16 heads x 128 dims, or x 512
+    with blocks of at least 128) and two waves of programs (264) at B >= 64, except where batch runs stay 32
+    rows long."""
     axes = {"dim": ["peer", "head", "batch", "dim"], "head": ["peer", "batch", "dim", "head"]}.get(
         innermost, ["peer", "head", "dim", "batch"]
     )
@@ -310,21 +322,27 @@ def test_default_pack_configs_launch(block: int | None, innermost: str) -> None:
         stats={"placement": "separate", "axes": ["peer", "batch", "head", "slot"]},
     )
     for D in (128, 512, 576 if block is None else 512):
-        for B in (1, 64, 4096):
+        for B in (1, 64, 1024, 4096):
             config = default_pack_config(spec, 8, 16, D, B, 1)
             check_pack_tile(spec, D, config)
+            lanes = next_pow2(spec.scale_block_of(D))
             if innermost == "dim":
-                assert config.block_dim >= next_pow2(spec.scale_block_of(D))
+                assert config.block_dim >= lanes
                 per_thread = 16 if B <= 8 else 32  # measured: probe_unseen_dcp_defaults_{old,new}15_H200.md
                 assert config.tile_elements <= per_thread * 32 * config.num_warps or config.num_warps == 8
                 continue
+            whole_rows = innermost == "batch" and 128 < lanes <= 512
             if B == 1024 and innermost == "batch":
-                assert (config.block_batch, config.block_dim) == (64, 64), config
-            elif B == 1024:
-                assert (config.block_head, config.block_dim) == (16, 128), config
+                expected = (32, lanes, 32 * lanes // 1024) if whole_rows else (32, 128, 4)
+                assert (config.block_batch, config.block_dim, config.num_warps) == expected, config
+            elif B == 1024 and D == 512:
+                expected = (16, 512, 8) if lanes >= 128 else (16, 128, 4)
+                assert (config.block_head, config.block_dim, config.num_warps) == expected, config
             programs = -(-B // config.block_batch) * -(-8 // config.block_peer) * -(-16 // config.block_head)
             programs *= max(1, D // max(config.block_dim, spec.scale_block_of(D)))
-            if B >= 64:
+            if whole_rows and B >= 32:
+                assert config.block_batch == 32, config  # 32-byte runs even below two waves (B 64: 256 programs)
+            elif B >= 64:
                 assert programs >= 264, config
             else:  # one request: at most 16 rows a program
                 assert config.block_peer * config.block_batch * config.block_head <= 16, config

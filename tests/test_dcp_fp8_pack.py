@@ -442,6 +442,17 @@ def test_drawn_fp8_specs_are_valid_and_cover_the_forms() -> None:
     assert {dtype for _, _, dtype, _ in seen} == {"float8_e4m3fn", "float8_e5m2"}
 
 
+def e4m3_module(tmp_path: Path, name: str, axes: list[str], scale_block: int | None, stats_axes: list[str]) -> Any:
+    """A rendered e4m3fn spec with payload `axes` (one scale per row without `scale_block`), separate stats."""
+    payload: dict[str, object] = {"axes": axes, "dtype": "float8_e4m3fn"}
+    if scale_block is not None:
+        payload["scale_block"] = scale_block
+    spec = make_spec(
+        name=name, transport="external", payload=payload, stats={"placement": "separate", "axes": stats_axes}
+    )
+    return render_module(spec, tmp_path)
+
+
 @pytest.mark.parametrize(
     ("axes", "scale_block", "box", "capped"),
     [
@@ -462,16 +473,7 @@ def test_transposing_packs_cap_registers_only_where_it_was_measured_to_pay(
     from layoutgen.dcp.config import PackConfig
     from layoutgen.runtime.launch import Recorder
 
-    payload: dict[str, object] = {"axes": axes, "dtype": "float8_e4m3fn"}
-    if scale_block is not None:
-        payload["scale_block"] = scale_block
-    spec = make_spec(
-        name="capped",
-        transport="external",
-        payload=payload,
-        stats={"placement": "separate", "axes": ["peer", "batch", "head", "slot"]},
-    )
-    module = render_module(spec, tmp_path)
+    module = e4m3_module(tmp_path, "capped", axes, scale_block, ["peer", "batch", "head", "slot"])
     N, B, H, D = 2, 64, 32, 512
     bufs = module.alloc(N, B, H, D, torch.bfloat16)
     out, lse = torch.randn(B, H, D, dtype=torch.bfloat16), torch.randn(B, H)
@@ -481,3 +483,32 @@ def test_transposing_packs_cap_registers_only_where_it_was_measured_to_pay(
     module._launch_pack(out, lse, bufs, B, config, False, kernel=recorder)
     ((_, _, options),) = recorder.calls
     assert options["maxnreg"] == (64 if capped else None)
+
+
+@pytest.mark.parametrize(("scale_block", "D"), [(None, 256), (256, 512), (128, 256)])
+def test_batch_innermost_fp8_default_takes_whole_blocks_of_rows(
+    scale_block: int | None, D: int, generator: torch.Generator, tmp_path: Path
+) -> None:
+    """batch innermost with blocks of 256 or 512: the default box is 32 rows x the whole block, one pass in words
+    under the register cap (twentieth pass: 41 -> 58% of the copy at one scale per row, D 512), byte-exact over
+    a whole tile of 32 rows and a partial one; blocks of 128 keep their 128-dim box."""
+    from layoutgen.dcp.config import default_pack_config
+    from layoutgen.runtime.launch import Recorder
+
+    axes = ["dim", "peer", "head", "batch"]
+    module = e4m3_module(tmp_path, "whole_rows_fp8", axes, scale_block, ["peer", "head", "slot", "batch"])
+    N, h, B = 2, 2, 40
+    config = default_pack_config(module.SPEC, N, h, D, B, 2)
+    lanes = scale_block or D
+    if lanes == 128:
+        assert config.block_dim == 128 and config.block_batch <= 32, config
+    else:
+        assert (config.block_batch, config.block_dim, config.num_warps) == (32, lanes, lanes // 32), config
+        recorder = Recorder()
+        bufs = module.alloc(N, B, N * h, D, torch.bfloat16)
+        out, lse = torch.randn(B, N * h, D).to(torch.bfloat16), torch.randn(B, N * h)
+        module._launch_pack(out, lse, bufs, B, config, False, kernel=recorder)
+        ((_, _, options),) = recorder.calls
+        assert options["WORDS"] and options["LANE_CHUNKS"] == 1 and options["maxnreg"] == 64, options
+    for form, mask in (("lse", "some"), ("max_sum", "none")):
+        pack_case(module, N, B, h, D, torch.bfloat16, generator, form, mask, config, B_max=B)

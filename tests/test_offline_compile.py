@@ -60,29 +60,55 @@ def test_random_dcp_specs_compile_for_sm90_with_32_and_64_bit_offsets(
     assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == len(paths) * 2 * 2
 
 
+def compile_script_offline(body: str, module_path: str) -> subprocess.CompletedProcess[str]:
+    """Run `body` in a fresh interpreter (compiled, not interpreted) with `module` loaded from `module_path` and
+    `torch`, `capacity_for` and `compile_offline` imported."""
+    script = (
+        "import sys, pathlib, torch\n"
+        "from layoutgen.loader import load_path\n"
+        "from layoutgen.tuning.objective import capacity_for\n"
+        "from layoutgen.tuning.offline import compile_offline\n"
+        "module = load_path(pathlib.Path(sys.argv[1]))\n"
+    ) + body
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    command = [sys.executable, "-c", script, module_path]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+
+
 def test_fp8_packs_that_walk_scale_blocks_in_chunks_compile_with_32_and_64_bit_offsets(tmp_path: Path) -> None:
-    """The two-pass form of a transposing fp8 pack (its default config at D 512 takes 128 of a row's 512 dims
-    per chunk; with batch innermost only at the 64-bit shape's B, at B 5 it takes whole rows), with peer and
-    with batch innermost (a head-innermost default takes whole rows of one scale each: one pass), each pack
-    form, and combine, at both offset widths."""
+    """The two-pass form of a transposing fp8 pack at both offset widths: with peer innermost its default config
+    at D 512 (128 of a row's 512 dims per chunk), every pack form and combine; with batch innermost, whose
+    default now takes a row of one scale whole (twentieth pass), a box of 32 rows x 128 dims in four chunks
+    (the earlier default, in the tuner's space), every pack form."""
     from layoutgen.dcp.config import default_pack_config
 
-    paths = []
-    for name, axes in (
-        ("chunks_peer", ["batch", "dim", "head", "peer"]),
-        ("chunks_batch", ["peer", "head", "dim", "batch"]),
-    ):
-        spec = make_spec(
+    def spec_of(name: str, axes: list[str]) -> Any:
+        return make_spec(
             name=name,
             transport="external",
             payload={"axes": axes, "dtype": "float8_e5m2"},
             stats={"placement": "separate", "axes": ["peer", "batch", "head", "slot"], "form": "max_sum"},
         )
-        assert spec.fp8_chunks and default_pack_config(spec, 2, 64, 512, 32784, 2).block_dim < 512  # two passes
-        paths.append(render_module(spec, tmp_path).__file__)
-    result = compile_offline_in_subprocess(paths)
+
+    peer_inner = spec_of("chunks_peer", ["batch", "dim", "head", "peer"])
+    assert peer_inner.fp8_chunks and default_pack_config(peer_inner, 2, 64, 512, 32784, 2).block_dim < 512
+    result = compile_offline_in_subprocess([render_module(peer_inner, tmp_path).__file__])
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == len(paths) * 2 * 2
+    assert len([line for line in result.stdout.splitlines() if line.startswith("ok ")]) == 2 * 2
+
+    batch_inner = spec_of("chunks_batch", ["peer", "head", "dim", "batch"])
+    assert batch_inner.fp8_chunks and default_pack_config(batch_inner, 2, 64, 512, 32784, 2).block_dim == 512
+    script = (
+        "config = dict(block_peer=1, block_batch=32, block_head=1, block_dim=128, num_warps=4)\n"
+        "for B in (5, 32784):\n"
+        "    job = dict(kernel='pack', config=config, N=2, H=128, D=512, dtype='bfloat16', batch=B,\n"
+        "               capacity=capacity_for(B, torch.device('cuda')), pack_forms=[(True, False), (False, True)])\n"
+        "    compile_offline(module, job, 90)\n"
+        "    print('ok', B)\n"
+    )
+    result = compile_script_offline(script, render_module(batch_inner, tmp_path).__file__)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["ok 5", "ok 32784"], result.stdout
 
 
 def test_fp8_packs_that_store_words_compile_with_32_and_64_bit_offsets(tmp_path: Path) -> None:
@@ -97,11 +123,6 @@ def test_fp8_packs_that_store_words_compile_with_32_and_64_bit_offsets(tmp_path:
     )
     path = render_module(spec, tmp_path).__file__
     script = (
-        "import sys, pathlib, torch\n"
-        "from layoutgen.loader import load_path\n"
-        "from layoutgen.tuning.objective import capacity_for\n"
-        "from layoutgen.tuning.offline import compile_offline\n"
-        "module = load_path(pathlib.Path(sys.argv[1]))\n"
         "config = dict(block_peer=1, block_batch=64, block_head=1, block_dim=64, num_warps=4)\n"
         "for B in (1024, 32784):\n"
         "    job = dict(kernel='pack', config=config, N=8, H=128, D=512, dtype='bfloat16', batch=B,\n"
@@ -114,10 +135,7 @@ def test_fp8_packs_that_store_words_compile_with_32_and_64_bit_offsets(tmp_path:
         "           capacity=capacity_for(1024, torch.device('cuda')))\n"
         "print('maxnreg 64' if '.maxnreg' in compile_offline(module, job, 90).asm['ptx'] else 'no cap')\n"
     )
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run(
-        [sys.executable, "-c", script, path], capture_output=True, text=True, env=env, timeout=600, check=False
-    )
+    result = compile_script_offline(script, path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.split("\n")[:5]
     assert lines == ["ok 1024 STG.E.128", "maxnreg 64", "ok 32784 STG.E.128", "maxnreg 64", "no cap"], result.stdout

@@ -159,16 +159,26 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
         # taking its dims, at 32 elements per thread where the launcher caps the registers (see
         # pack_fp8.py.jinja).  H200, N 8, B 1024, H 128, D 512, the boxes of probe_fp8_transpose.py over 11
         # specs of bench_unseen_specs.py's seeds 0-3: batch innermost, 32 rows x 128 dims was the best or
-        # within 2% of it for every block size (blocks of 128: 59.7 µs against 146.3 for 64 x 64, which walks
-        # them in two chunks; one scale per row 122.3 against 127.1); head innermost with blocks of at least
-        # 128, 16 heads x 512 dims x 8 warps (one scale per row 80.2 µs against 89.8 for 16 x 128 x 4 warps,
-        # 61.6 against 72.3 and 60.2 against 72.8 on two others); with smaller blocks 16 x 128 x 4 warps
-        # stays (blocks of 16: 82.9 µs against 100.0 for 16 x 512).
+        # within 2% of it for blocks of up to 128 (blocks of 128: 59.7 µs against 146.3 for 64 x 64, which
+        # walks them in two chunks); head innermost with blocks of at least 128, 16 heads x 512 dims x 8 warps
+        # (one scale per row 80.2 µs against 89.8 for 16 x 128 x 4 warps, 61.6 against 72.3 and 60.2 against
+        # 72.8 on two others); with smaller blocks 16 x 128 x 4 warps stays (blocks of 16: 82.9 µs against
+        # 100.0 for 16 x 512).  Batch innermost with blocks of 256 or 512 takes them whole too, 32 rows x the
+        # block x 8 or 16 warps, and keeps its 32 rows where the grid is short of two waves (from B 32 up):
+        # runs of 16 codes leave half of every L2 sector unwritten.  The same point, twentieth pass
+        # (probe_unseen_dcp.py): one scale per row 85.0 µs against 122.6 for 32 x 128 in four chunks and 142.8
+        # for 16 x 512 x 8 warps; at B 64 8.27 against 8.85, and 12.4 for the earlier default (16 x 256);
+        # blocks of 256 64.0 µs (78% of the copy) against 139.7 in chunks, at B 64 6.2 against 10.6.
         extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": block_dim}
+        lanes = next_pow2(spec.scale_block_of(D))
         wide = innermost == "batch" or (innermost == "head" and spec.scale_block_of(D) >= 128)
-        dims, budget = {"batch": (128, 4096), "head": (512, 8192) if wide else (128, 2048)}.get(innermost, (128, 2048))
+        whole_rows = innermost == "batch" and 128 < lanes <= 512
+        batch_dims = lanes if whole_rows else 128
+        dims, budget = {"batch": (batch_dims, 32 * batch_dims), "head": (512, 8192) if wide else (128, 2048)}.get(
+            innermost, (128, 2048)
+        )
         grown = grow_box(spec.payload.axes, extents, budget, floors={"dim": min(block_dim, dims)})
-        blocks = _spread_rows(spec, grown, extents, D)
+        blocks = grown if whole_rows and grown["batch"] >= 32 else _spread_rows(spec, grown, extents, D)
         tile = blocks["peer"] * blocks["batch"] * blocks["head"] * blocks["dim"]
         return PackConfig(
             block_peer=blocks["peer"],
@@ -289,9 +299,18 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
         # D 512, 24 boxes of 32-256 rows x 8-32 dims x 1 or 4 warps (probe_unseen_dcp.py, fourteenth pass):
         # 128 x 16 x 4 warps took bf16 [head, dim, peer, batch] from 55% of the copy ceiling (16 x 32 x 4)
         # to 94% and float32 [dim, peer, head, batch] from 89% (32 x 32 x 1) to 95%; fp8 wires lost nothing
-        # to 32 x 32 x 1 in that grid but one box (50-52%, 60% once at 64 x 32 x 1), so they keep it.
+        # to 32 x 32 x 1 in that grid but one box (50-52%, 60% once at 64 x 32 x 1), so they keep its rows and
+        # warp.  Their dims widen to 64 where the grid holds eight waves: five drawn fp8 combines at B 1024
+        # (twentieth pass) went from 37-51% of the copy to 42-63% (blocks of 16 50.8 -> 41.0 µs, one scale per
+        # row 58.9 -> 51.3; blocks of 128 unchanged at 51%).  32 x 128 x 1 took 54-61% but holds 128 elements
+        # per thread, outside the tuner's space; 32 x 128 x 2 fell to 21% on one of them.  At B 64 (128 programs
+        # at 128 dims) every wider box was slower (5.66 µs against 6.5 and more).
         if spec.fp8:
-            return CombineConfig(block_batch=min(next_pow2(B), 32), block_head=1, block_dim=min(dims, 32), num_warps=1)
+            rows = min(next_pow2(B), 32)
+            wide = min(dims, 64)
+            wide_programs = -(-B // rows) * heads_per_peer * -(-D // wide)
+            block_dim = wide if wide_programs >= 4 * _TWO_WAVES else min(dims, 32)
+            return CombineConfig(block_batch=rows, block_head=1, block_dim=block_dim, num_warps=1)
         rows = min(next_pow2(B), 128)
         return CombineConfig(
             block_batch=rows, block_head=1, block_dim=min(dims, 16), num_warps=max(1, min(4, rows // 32))
