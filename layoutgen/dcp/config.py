@@ -110,8 +110,8 @@ def _spread_rows(spec: DcpSpec, blocks: dict[str, int], extents: dict[str, int],
     """`blocks` with fewer rows per program (outermost axis first, down to 16 rows) until the grid holds two
     waves, the dim block regrown up to the scale block with what the rows give back.  A program of a pack
     that splits blocks covers its rows' whole blocks, so the grid has no programs along dim to make up for
-    few rows: one scale per row, batch innermost, B 64 is 128 programs of 64 rows x 64 dims (N 8, H 128),
-    512 of 16 rows x 256 dims after this (not measured; the tuner's space holds both)."""
+    few rows.  `default_pack_config` does not spread a batch-innermost box of whole blocks of 256 or 512 from
+    32 rows down: its 16-byte runs were slower even below two waves."""
     row_axes = [axis for axis in spec.payload.axes if axis != "dim"]
     lanes = next_pow2(spec.scale_block_of(D))
     blocks = dict(blocks)
