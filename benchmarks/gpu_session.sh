@@ -153,6 +153,11 @@
 #                                               (32 x 32 x 1) at B 256 and 1024
 #   bash benchmarks/gpu_session.sh fp8combine4 OUT (twentieth pass) the five fp8 batch-innermost combines at B 1024 over 32 rows x
 #                                               64 or 128 dims x 1 or 2 warps (the tuner's space allows 64 per thread)
+#   bash benchmarks/gpu_session.sh twentyone OUT (twenty-first pass) the fp8 batch-innermost combines with blocks of at least 128
+#                                               (seed 3's specs 3 and 9) at their new default (32 x 128 x 1 from B 1024)
+#                                               beside 32 x 64 x 1, B 512 and 1024; the fp8 GPU combine tests
+#   bash benchmarks/gpu_session.sh unseen_dcp OUT bench_unseen_specs.py's DCP rows again (the Ulysses rows kept from
+#                                               the committed JSON)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -884,6 +889,17 @@ fp8combine4)
         $probe --seed "${draw%%:*}" --specs "${draw##*:}" --grid 32:1:64,128:1,2 \
             --label "fp8_combine_64pt_s${draw%%:*}_${draw##*:}" 2>&1 | tail -1
     done
+    ;;
+twentyone)
+    timeout 200 python3 benchmarks/probe_unseen_dcp.py --out "$out" --kernel combine --sample 0 --batches 512,1024 \
+        --seed 3 --specs 3,9 --grid 32:1:64,128:1 --label fp8_combine_wide_blocks 2>&1 | tail -2
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_fp8_gpu.py -k combine \
+        > "$out/gpu_tests_fp8_combine.log" 2>&1
+    tail -3 "$out/gpu_tests_fp8_combine.log"
+    ;;
+unseen_dcp)
+    timeout 540 python3 benchmarks/bench_unseen_specs.py --family dcp \
+        --keep benchmarks/results/bench_unseen_specs_NVIDIA_H200.json --out "$out" 2>&1 | tail -3
     ;;
 rebench)
 

@@ -74,6 +74,16 @@ EXTRA = {
             "sum_slot": 0,
         },
     },
+    "fp8_batch_inner_rows": {
+        "name": "fp8_batch_inner_rows",
+        "transport": "external",
+        "payload": {
+            "axes": ["dim", "peer", "head", "batch"],
+            "dtype": "float8_e4m3fn",
+            "scale_axes": ["peer", "batch", "head", "block"],
+        },
+        "stats": {"placement": "separate", "axes": ["peer", "slot", "head", "batch"], "slots": 3, "slot": 2},
+    },
     "fp8_head_inner": {
         "name": "fp8_head_inner",
         "transport": "external",
@@ -178,13 +188,17 @@ def test_fp8_combine_matches_the_dequantised_merge(spec_name: str, modules: dict
 
 
 def test_batch_innermost_fp8_combine_in_wide_boxes(modules: dict[str, ModuleType]) -> None:
-    """batch innermost: the box the default takes at large batch (32 rows x 64 dims x 1 warp), over a whole tile
-    of rows and a partial one, and a box of four blocks in four warps."""
+    """batch innermost: the boxes the default takes at large batch (32 rows x 64 dims x 1 warp for blocks of 16,
+    32 x 128 x 1 for blocks of 128 and more), over a whole tile of rows and a partial one, and a box of four
+    blocks in four warps."""
     configs = [
         CombineConfig(block_batch=32, block_head=1, block_dim=64, num_warps=1),
         CombineConfig(block_batch=16, block_head=2, block_dim=64, num_warps=4),
+        CombineConfig(block_batch=32, block_head=1, block_dim=128, num_warps=1),  # eight blocks of 16
     ]
     check_dequantised_merge(modules["fp8_batch_inner"], 2, 40, 2, 128, 5, configs)
+    whole_row = [CombineConfig(block_batch=32, block_head=1, block_dim=128, num_warps=1)]  # one scale per row
+    check_dequantised_merge(modules["fp8_batch_inner_rows"], 3, 40, 2, 128, 6, whole_row)
 
 
 # Any payload order, scale layout, stats form and placement, fp8 format and block: the default config at small

@@ -270,13 +270,23 @@ def test_default_configs_of_head_and_peer_innermost_layouts_take_whole_runs() ->
         combine = default_combine_config(_with_payload_axes("pynccl_a2a", outside), 8, 16, 512, 1024, 2)
         assert (combine.block_batch, combine.block_head, combine.block_dim) == (1, 2, 128), outside
     # An fp8 wire keeps 32 rows x 1 warp; its dims widen to 64 where the grid holds eight waves (B 1024:
-    # 37-51 -> 42-63% of the copy over five drawn specs), and stay 32 at B 64 and 256.
+    # 37-51 -> 42-63% of the copy over five drawn specs), to 128 where a scale block spans 128 dims or more
+    # (here one scale per row) and the grid holds four waves at that width (B 512: 32 -> 47% and 42 -> 56% on
+    # two drawn specs), and stay 32 at B 64 and 256.
     fp8_inner = _with_payload_axes("pynccl_a2a_fp8", ("peer", "head", "dim", "batch"))
-    combine = default_combine_config(fp8_inner, 8, 16, 512, 1024, 2)
-    assert (combine.block_batch, combine.block_dim, combine.num_warps) == (32, 64, 1)
-    for B in (64, 256):
-        combine = default_combine_config(fp8_inner, 8, 16, 512, B, 2)
-        assert (combine.block_batch, combine.block_dim, combine.num_warps) == (32, 32, 1), B
+    blocks_of_16 = fp8_inner.model_copy(update={"payload": fp8_inner.payload.model_copy(update={"scale_block": 16})})
+    for spec, B, block_dim in [
+        (fp8_inner, 1024, 128),
+        (fp8_inner, 512, 128),
+        (blocks_of_16, 1024, 64),
+        (blocks_of_16, 512, 64),
+    ]:
+        combine = default_combine_config(spec, 8, 16, 512, B, 2)
+        assert (combine.block_batch, combine.block_dim, combine.num_warps) == (32, block_dim, 1), (B, spec.payload)
+    for spec in (fp8_inner, blocks_of_16):
+        for B in (64, 256):
+            combine = default_combine_config(spec, 8, 16, 512, B, 2)
+            assert (combine.block_batch, combine.block_dim, combine.num_warps) == (32, 32, 1), B
     # An fp8 wire with head innermost and blocks of at least 128 (here a whole row) takes whole blocks in one
     # pass, 16 heads x 512 dims x 8 warps: 32 elements per thread, under the launcher's register cap.
     fp8 = _with_payload_axes("pynccl_a2a_fp8", ("peer", "batch", "dim", "head"))

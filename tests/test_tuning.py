@@ -165,13 +165,16 @@ def test_the_combine_space_holds_sglangs_shape() -> None:
 @pytest.mark.parametrize("dtype", ["float32", "float8_e4m3fn", "input"])
 def test_a_batch_innermost_combine_searches_runs_along_batch(dtype: str) -> None:
     # Its loads coalesce along batch (the payload's innermost axis): the space goes past the 16 rows other
-    # layouts stop at, and holds the family's default (128 rows, 32 on fp8 wires).
+    # layouts stop at, and holds the family's default (128 rows, 32 on fp8 wires in blocks of 16).  An fp8
+    # wire in blocks of 128 or more defaults to 128 elements per thread, outside the space
+    # (`default_combine_config` says why); the tuner's decision races it.
     from conftest import make_spec
 
+    fp8_block = {"scale_block": 16} if dtype.startswith("float8") else {}
     spec = make_spec(
         name="batch_inner",
         transport="all_to_all_single",
-        payload={"axes": ["peer", "head", "dim", "batch"], "dtype": dtype},
+        payload={"axes": ["peer", "head", "dim", "batch"], "dtype": dtype, **fp8_block},
         stats={"placement": "separate", "axes": ["peer", "head", "slot", "batch"]},
     )
     problem = dcp_problem(spec, "combine", 8, 16, 512, "bfloat16")
@@ -179,6 +182,12 @@ def test_a_batch_innermost_combine_searches_runs_along_batch(dtype: str) -> None
     assert max(bound.choices["block_batch"]) == 256
     default = DCP_FAMILY.default_config(problem, 1024)
     assert bound.is_feasible(default), bound.violations(default)
+    if fp8_block:
+        whole_rows = spec.model_copy(update={"payload": spec.payload.model_copy(update={"scale_block": None})})
+        rows_problem = dcp_problem(whole_rows, "combine", 8, 16, 512, "bfloat16")
+        wide = DCP_FAMILY.default_config(rows_problem, 1024)
+        assert (wide.block_batch, wide.block_dim, wide.num_warps) == (32, 128, 1)
+        assert any("per thread" in reason for reason in space.bind(rows_problem, 1024).violations(wide))
     row_major = space.bind(dcp_problem(bundled_specs()["vllm_a2a"], "combine", 8, 16, 512, "bfloat16"), 1024)
     assert max(row_major.choices["block_batch"]) == 16
 

@@ -305,11 +305,22 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
         # row 58.9 -> 51.3; blocks of 128 unchanged at 51%).  32 x 128 x 1 took 54-61% but holds 128 elements
         # per thread, outside the tuner's space; 32 x 128 x 2 fell to 21% on one of them.  At B 64 (128 programs
         # at 128 dims) every wider box was slower (5.66 µs against 6.5 and more).
+        # Where a scale block spans 128 dims or more, 32 x 128 x 1 is the default from four waves of programs,
+        # although it holds 128 elements per thread, past the space's rule (the tuner's finalists still race
+        # it).  The two such drawn specs (twenty-first pass; seed 3's 3 and 9, one scale per row and blocks of
+        # 128): B 1024 42 -> 55% and 52 -> 61% of the copy, B 512 32 -> 47% and 42 -> 56%; at B 256 one gained
+        # (20.0 -> 15.5 µs) and one lost (12.5 -> 13.6), at B 64 both lost.  Offline (sm_90) both widths run
+        # the same instructions per element; the wide box holds 255 registers against 168.
         if spec.fp8:
             rows = min(next_pow2(B), 32)
-            wide = min(dims, 64)
-            wide_programs = -(-B // rows) * heads_per_peer * -(-D // wide)
-            block_dim = wide if wide_programs >= 4 * _TWO_WAVES else min(dims, 32)
+            widths = [(64, 4 * _TWO_WAVES)]
+            if spec.scale_block_of(D) >= 128:
+                widths.insert(0, (128, 2 * _TWO_WAVES))
+            block_dim = min(dims, 32)
+            for wide, least_programs in widths:
+                if -(-B // rows) * heads_per_peer * -(-D // min(dims, wide)) >= least_programs:
+                    block_dim = min(dims, wide)
+                    break
             return CombineConfig(block_batch=rows, block_head=1, block_dim=block_dim, num_warps=1)
         rows = min(next_pow2(B), 128)
         return CombineConfig(
