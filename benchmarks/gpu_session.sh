@@ -158,6 +158,11 @@
 #                                               beside 32 x 64 x 1, B 512 and 1024; the fp8 GPU combine tests
 #   bash benchmarks/gpu_session.sh unseen_dcp OUT bench_unseen_specs.py's DCP rows again (the Ulysses rows kept from
 #                                               the committed JSON)
+#   bash benchmarks/gpu_session.sh stats_tile OUT (twenty-first pass) combines whose stats hold peer at stride 1, this tree (a
+#                                               row's N entries loaded as one tile) against OLD_TREE's (a load per
+#                                               peer), with payloads whose stats layout differs only (the aligned
+#                                               controls, unchanged code); the GPU combine tests of that form.
+#                                               STATS_TILE_SPECS, _BATCHES, _LABEL: other spec files, batches, label
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -896,6 +901,23 @@ twentyone)
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_fp8_gpu.py -k combine \
         > "$out/gpu_tests_fp8_combine.log" 2>&1
     tail -3 "$out/gpu_tests_fp8_combine.log"
+    ;;
+stats_tile)
+    files=""
+    names=${STATS_TILE_SPECS:-probe_s1_01_asis probe_s1_01_aligned probe_s0_01_asis probe_s0_01_aligned probe_dim_inner_stats_peer}
+    for name in $names; do
+        files="$files --spec-file benchmarks/specs/$name.yaml"
+    done
+    for tree in old new; do
+        path=/tmp/site:$PWD
+        [ "$tree" = old ] && path=/tmp/site:$OLD_TREE:$PWD
+        PYTHONPATH=$path timeout 150 python3 benchmarks/probe_unseen_dcp.py --out "$out" --specs "" $files \
+            --kernel combine --sample 0 --batches "${STATS_TILE_BATCHES:-64,1024}" --label "stats_tile_$tree${STATS_TILE_LABEL:-}" \
+            2>&1 | tail -12 | cut -c1-40,190-260
+    done
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_v2_gpu.py -k peer_innermost_combine \
+        tests/gpu/test_dcp_fp8_gpu.py > "$out/gpu_tests_stats_tile.log" 2>&1
+    tail -3 "$out/gpu_tests_stats_tile.log"
     ;;
 unseen_dcp)
     timeout 540 python3 benchmarks/bench_unseen_specs.py --family dcp \

@@ -31,7 +31,7 @@ pytestmark = [requires_interpreter, pytest.mark.usefixtures("no_log_warnings")]
 
 INF, NAN = float("inf"), float("nan")
 HELIX = ("trtllm_helix_nccl", "trtllm_helix_native_v1", "trtllm_helix_native_v2")
-MAX_SUM_SPECS = (*HELIX, "npu_max_sum", "slots_swapped", "tail_max_sum")
+MAX_SUM_SPECS = (*HELIX, "npu_max_sum", "slots_swapped", "tail_max_sum", "stats_peer_inner")
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +107,7 @@ MAX_SUM_SHAPES = {
     "npu_max_sum": (torch.float16, 2, 5, 5, 2, 10),
     "slots_swapped": (torch.bfloat16, 8, 1, 3, 2, 8),
     "tail_max_sum": (torch.float32, 2, 2, 3, 3, 12),
+    "stats_peer_inner": (torch.bfloat16, 3, 5, 6, 2, 20),
 }
 
 
@@ -128,6 +129,33 @@ def test_max_sum_combine_matches_the_float64_reference(
         max_sum_buffers(module, partial_out, maximum, total, B_max), B, lse_base=base, return_lse=True
     )
     assert got_lse is None and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("spec_name", ["stats_peer_inner", "stats_peer_inner_lse"])
+def test_stats_with_peer_at_stride_one_load_as_a_tile_in_long_runs_of_rows(
+    spec_name: str, v2_modules: dict[str, ModuleType], generator: Any
+) -> None:
+    """Programs of 128 rows and more load a row's N stats as one tile (`stats_peer_tile`), fewer one per peer:
+    both against the float64 merge, over a whole tile of rows and a partial one, N 3 (the tile padded to 4),
+    an empty entry and a row empty on every peer with NaN payload behind them."""
+    module = v2_modules[spec_name]
+    N, B, h, D = 3, 130, 2, 20
+    bufs = lse_buffers(module, N, B, h, D, torch.bfloat16, generator)
+    stats = bufs.stats_views(B)
+    first = stats["max" if module.SPEC.max_sum else "lse"]
+    first[:, 129, 1] = -INF  # every peer empty
+    bufs.payload_view(B)[:, 129, 1] = NAN
+    want, want_lse = reference.combine(bufs, B, "e", return_lse=True)
+    payload = bufs.payload_view(B).double()
+    valid = payload.where(first.isfinite()[..., None], 0.0)
+    for rows in (128, 256, 64):
+        config = CombineConfig(block_batch=rows, block_head=1, block_dim=16, num_warps=4)
+        got, got_lse = module.combine(bufs, B, return_lse=True, config=config)
+        assert got_lse is not None and want_lse is not None
+        assert not bool(torch.isnan(got).any()), rows
+        assert combine_error(got, want, float(valid.abs().max())) <= 1.0, rows
+        assert lse_error(got_lse, want_lse) <= 1.0, rows
+        assert torch.equal(got[129, 1], torch.zeros(D, dtype=torch.bfloat16)), rows
 
 
 #: (max, sum) entries that are empty, each with a NaN payload behind it.

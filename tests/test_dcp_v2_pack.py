@@ -99,6 +99,28 @@ V2_SPEC_FIELDS: dict[str, dict[str, Any]] = {
         "payload": {"axes": ["peer", "head", "dim", "batch"], "dtype": "input"},
         "stats": {"placement": "separate", "axes": ["peer", "head", "slot", "batch"], "slots": 2, "slot": 1},
     },
+    # Stats with peer at stride 1 (one slot, or slot outside peer) under a payload with batch innermost: the
+    # combine loads a row's N entries as one batch x head x peer tile and picks each peer's weight from it
+    # (`stats_peer_tile`), in both stats forms.
+    "stats_peer_inner": {
+        "name": "stats_peer_inner",
+        "transport": "external",
+        "payload": {"axes": ["peer", "dim", "head", "batch"], "dtype": "input"},
+        "stats": {
+            "placement": "separate",
+            "form": "max_sum",
+            "axes": ["head", "batch", "slot", "peer"],
+            "slots": 4,
+            "max_slot": 1,
+            "sum_slot": 3,
+        },
+    },
+    "stats_peer_inner_lse": {
+        "name": "stats_peer_inner_lse",
+        "transport": "external",
+        "payload": {"axes": ["head", "dim", "peer", "batch"], "dtype": "input"},
+        "stats": {"placement": "separate", "axes": ["head", "slot", "batch", "peer"], "slots": 1, "slot": 0},
+    },
 }
 #: (fp8 specs are tests/test_dcp_fp8_pack.py's: their payload bytes are codes, not the inputs.)
 DCP_BUNDLED = sorted(name for name, spec in bundled_specs().items() if spec.family == "dcp" and not spec.fp8)

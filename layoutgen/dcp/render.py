@@ -120,6 +120,20 @@ def kernel_context(spec: DcpSpec) -> dict[str, object]:
     context["lse_pointer2"] = pointer(f"{base} + {peer_term} + lse_row_offset")
     peers_term = offset_sum(lse_order, lse_strides, lse_prefix, {"peer": "peer_3d"})
     context["lse_pointer_peers"] = pointer(f"{base} + {peers_term} + lse_row_offset[:, :, None]")
+    # A separate stats buffer with `peer` at stride 1: a row's N entries lie side by side and rows lie slots x N
+    # words apart, so where a combine's program takes a long run of batch rows (payload batch innermost), one
+    # load per peer touched a sector per row.  Such a combine loads them as one batch x head x peer tile (one
+    # vector per row) in programs of 128 rows and more (the launcher's STATS_TILE) and takes each peer's weight
+    # from it in registers.  H100, N 8, H 128, D 512, three such layouts (notes, twenty-first pass): B 1024
+    # 0.78-0.96x the time, B 256 0.86-1.02x, B 64 (64 rows, the loads per peer) unchanged.  Not for fp8 wires:
+    # with head innermost the same tile took 47.7 -> 59.0 µs; nor with dim innermost: 52.1 -> 52.2 µs.
+    context["stats_peer_tile"] = (
+        not row_tail
+        and not spec.fp8
+        and not context["peer_in_tile"]
+        and payload_axes[-1] == "batch"
+        and lse_strides.get("peer") == "1"
+    )
     context["fp8"] = spec.fp8
     if spec.fp8:
         context.update(fp8_context(spec, payload_stride))

@@ -274,12 +274,20 @@ def test_lse_from_max_sum_on_the_gpu_is_within_one_ulp() -> None:
 
 
 @pytest.mark.parametrize(
-    "axes", [["head", "dim", "batch", "peer"], ["batch", "dim", "head", "peer"], ["batch", "head", "dim", "peer"]]
+    "axes",
+    [
+        ["head", "dim", "batch", "peer"],
+        ["batch", "dim", "head", "peer"],
+        ["batch", "head", "dim", "peer"],
+        ["peer", "dim", "head", "batch"],
+        ["head", "dim", "peer", "batch"],
+    ],
 )
 def test_peer_innermost_combine_against_the_float64_reference_on_the_gpu(axes: list[str], tmp_path: Any) -> None:
     """Peer innermost (batch or head outside it: the peers in the tile, padded to 4 at N 3; dim outside it:
-    one peer at a time): N 3 and 4, (max, sum) stats with empty entries whose payload is NaN, the default box
-    and an explicit one."""
+    one peer at a time), and the stats' peer-at-stride-1 tile under payloads with batch innermost: N 3 and 4,
+    (max, sum) stats [batch, head, slot, peer] with empty entries whose payload is NaN, the default box and an
+    explicit one."""
     from layoutgen.dcp.config import CombineConfig
 
     fields = {
@@ -303,7 +311,10 @@ def test_peer_innermost_combine_against_the_float64_reference_on_the_gpu(axes: l
         bufs.sum_view(ROWS).copy_(total)
         for entry in ((0, 0), (1, 1), *((peer, 2, 0) for peer in range(peers))):
             bufs.payload_view(ROWS)[entry].view(torch.int16).fill_(-1)  # NaN behind the empty entries
-        for config in (None, CombineConfig(block_batch=32, block_head=1, block_dim=32, num_warps=4)):
+        configs = [None, CombineConfig(block_batch=32, block_head=1, block_dim=32, num_warps=4)]
+        if axes[-1] == "batch":  # the stats tile takes programs of 128 rows and more
+            configs.append(CombineConfig(block_batch=128, block_head=1, block_dim=16, num_warps=4))
+        for config in configs:
             got, got_lse = module.combine(bufs, ROWS, return_lse=True, config=config)
             want, want_lse = reference.combine(bufs, ROWS, "e", return_lse=True)
             assert got_lse is not None and want_lse is not None
