@@ -313,14 +313,16 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
         # the same instructions per element; the wide box holds 255 registers against 168.
         if spec.fp8:
             rows = min(next_pow2(B), 32)
-            widths = [(64, 4 * _TWO_WAVES)]
-            if spec.scale_block_of(D) >= 128:
-                widths.insert(0, (128, 2 * _TWO_WAVES))
-            block_dim = min(dims, 32)
-            for wide, least_programs in widths:
-                if -(-B // rows) * heads_per_peer * -(-D // min(dims, wide)) >= least_programs:
-                    block_dim = min(dims, wide)
-                    break
+
+            def programs_at(width: int) -> int:
+                return -(-B // rows) * heads_per_peer * -(-D // min(dims, width))
+
+            if spec.scale_block_of(D) >= 128 and programs_at(128) >= 2 * _TWO_WAVES:
+                block_dim = min(dims, 128)
+            elif programs_at(64) >= 4 * _TWO_WAVES:
+                block_dim = min(dims, 64)
+            else:
+                block_dim = min(dims, 32)
             return CombineConfig(block_batch=rows, block_head=1, block_dim=block_dim, num_warps=1)
         rows = min(next_pow2(B), 128)
         return CombineConfig(
