@@ -163,6 +163,18 @@
 #                                               peer), with payloads whose stats layout differs only (the aligned
 #                                               controls, unchanged code); the GPU combine tests of that form.
 #                                               STATS_TILE_SPECS, _BATCHES, _LABEL: other spec files, batches, label
+#   bash benchmarks/gpu_session.sh twentytwo OUT (twenty-second pass) the drawn head-innermost fp8 packs with small boxes of heads
+#                                               over rows or peers x 16 heads x 16-128 dims x 2 or 4 warps (a run of
+#                                               several rows or peers of 16 heads, a whole sector of scales where they
+#                                               hold batch innermost), B 64 and 1024; OUT.tgz
+#   bash benchmarks/gpu_session.sh twentytwo_scales OUT (twenty-second pass) head-innermost fp8 packs whose scales hold batch
+#                                               or peer innermost: this tree's default (a sector of scales per program)
+#                                               beside boxes of 1-8 rows or peers, five probe specs of benchmarks/specs/
+#                                               (blocks of 16, 32, 64; dim next to head; peer innermost), B 64 and
+#                                               1024; the fp8 GPU pack tests; OUT.tgz
+#   bash benchmarks/gpu_session.sh twentytwo_check OUT (twenty-second pass) the adopted default (scales along batch only, blocks
+#                                               of 64 in 4 rows x 64 dims) on blocks of 64 and 32 beside the old box; the
+#                                               fp8 GPU tests of the head-innermost layout with batch-innermost scales
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -918,6 +930,44 @@ stats_tile)
     timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_v2_gpu.py -k peer_innermost_combine \
         tests/gpu/test_dcp_fp8_gpu.py > "$out/gpu_tests_stats_tile.log" 2>&1
     tail -3 "$out/gpu_tests_stats_tile.log"
+    ;;
+twentytwo)
+    probe="timeout 130 python3 benchmarks/probe_unseen_dcp.py --out $out --kernel pack --sample 0 --batches 64,1024"
+    for draw in 3:11 4:1; do  # [peer, dim, batch, head]: batch rows lengthen the stored runs
+        $probe --seed "${draw%%:*}" --specs "${draw##*:}" --grid 1,4,8,16:16:16,32,64,128:2,4 \
+            --label "fp8_head_runs_s${draw%%:*}_${draw##*:}" 2>&1 | tail -1
+    done
+    for draw in 0:1 2:5; do  # [batch, dim, peer, head]: peers lengthen them
+        $probe --seed "${draw%%:*}" --specs "${draw##*:}" --grid 1:16:16,32,64,128:2,4:1,4,8,16 \
+            --label "fp8_head_runs_s${draw%%:*}_${draw##*:}" 2>&1 | tail -1
+    done
+    # [peer, batch, dim, head], one scale per row held batch innermost: rows fill the scales' sectors only.
+    $probe --seed 2 --specs 7 --grid 1,8:16:128,512:4,8 --label fp8_head_runs_s2_7 2>&1 | tail -1
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+twentytwo_scales)
+    scales_probe() {
+        timeout 100 python3 benchmarks/probe_unseen_dcp.py --out "$out" --kernel pack --sample 0 --batches 64,1024 \
+            --specs "" --spec-file "benchmarks/specs/$1.yaml" --grid "$2" --label "$1" 2>&1 | tail -1
+    }
+    for name in probe_s4_01_asis probe_fp8_scales_batch_inner_block16 probe_fp8_scales_batch_inner_block64 \
+        probe_fp8_scales_batch_inner_dim_next; do
+        scales_probe "$name" 1,4,8:16:32,64,128:2,4
+    done
+    scales_probe probe_fp8_scales_peer_inner 1:16:32,64,128:2,4:1,4,8
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_fp8_gpu.py -k pack \
+        > "$out/gpu_tests_fp8_pack.log" 2>&1
+    tail -3 "$out/gpu_tests_fp8_pack.log"
+    tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    ;;
+twentytwo_check)
+    for name in probe_fp8_scales_batch_inner_block64 probe_s4_01_asis; do
+        timeout 60 python3 benchmarks/probe_unseen_dcp.py --out "$out" --kernel pack --sample 0 --batches 64,1024 \
+            --specs "" --spec-file "benchmarks/specs/$name.yaml" --grid 1:16:128:4 --label "${name}_adopted" 2>&1 | tail -1
+    done
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_dcp_fp8_gpu.py \
+        -k fp8_head_inner_scales_batch > "$out/gpu_tests_fp8_sector_scales.log" 2>&1
+    tail -3 "$out/gpu_tests_fp8_sector_scales.log"
     ;;
 unseen_dcp)
     timeout 540 python3 benchmarks/bench_unseen_specs.py --family dcp \

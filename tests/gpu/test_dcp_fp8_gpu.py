@@ -37,7 +37,8 @@ pytestmark = [
 
 #: Rendered beside the bundled pynccl_a2a_fp8 / vllm_a2a_fp8: e5m2, 32-element blocks, (max, sum) in a row
 #: tail, a transposing layout with batch-innermost scales, and layouts with batch, peer or head innermost (peer
-#: innermost with batch or head right outside it: the pack's runs of pairs).
+#: innermost with batch or head right outside it: the pack's runs of pairs; head innermost with batch-innermost
+#: scales, whose default box holds a sector of scales).
 EXTRA = {
     "fp8_e5m2_blocks": {
         "name": "fp8_e5m2_blocks",
@@ -73,6 +74,17 @@ EXTRA = {
             "scale_axes": ["block", "head", "batch", "peer"],
         },
         "stats": {"placement": "separate", "axes": ["slot", "head", "batch", "peer"], "slots": 2, "slot": 1},
+    },
+    "fp8_head_inner_scales_batch": {
+        "name": "fp8_head_inner_scales_batch",
+        "transport": "external",
+        "payload": {
+            "axes": ["peer", "dim", "batch", "head"],
+            "dtype": "float8_e4m3fn",
+            "scale_block": 32,
+            "scale_axes": ["head", "peer", "block", "batch"],
+        },
+        "stats": {"placement": "separate", "axes": ["peer", "batch", "head", "slot"], "form": "max_sum"},
     },
     "fp8_head_peer_pairs": {
         "name": "fp8_head_peer_pairs",
@@ -236,7 +248,7 @@ def test_fp8_pack_in_words_is_byte_exact_on_the_gpu(modules: dict[str, ModuleTyp
             check_masked_packs(module, B, H, width, configs, generator, capacity)
 
 
-@pytest.mark.parametrize("spec_name", ["fp8_head_inner", "fp8_batch_inner"])
+@pytest.mark.parametrize("spec_name", ["fp8_head_inner", "fp8_batch_inner", "fp8_head_inner_scales_batch"])
 def test_fp8_pack_in_chunks_is_byte_exact_on_the_gpu(spec_name: str, modules: dict[str, ModuleType]) -> None:
     """Transposing fp8 layouts walk a scale block in chunks of the tile (two passes: the amax, then the codes,
     the fast path or the exact one per tile): one scale per row or per 64 elements, at D 128 and 512, and for
