@@ -172,10 +172,10 @@
 #                                               beside boxes of 1-8 rows or peers, five probe specs of benchmarks/specs/
 #                                               (blocks of 16, 32, 64; dim next to head; peer innermost), B 64 and
 #                                               1024; the fp8 GPU pack tests; OUT.tgz
-#   bash benchmarks/gpu_session.sh twentytwo_check OUT (twenty-second pass; not run yet: no device could be started) the adopted
-#                                               default (scales along batch only, blocks
-#                                               of 64 in 4 rows x 64 dims) on blocks of 64 and 32 beside the old box; the
-#                                               fp8 GPU tests of the head-innermost layout with batch-innermost scales
+#   bash benchmarks/gpu_session.sh twentytwo_check OUT (twenty-second pass; not run yet: no device could be started) the
+#                                               adopted default (scales along batch only, blocks of 64 in 4 rows x 64
+#                                               dims) on blocks of 64 and 32 beside the old box; the fp8 GPU tests of
+#                                               the head-innermost layout with batch-innermost scales
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail

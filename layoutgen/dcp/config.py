@@ -200,7 +200,7 @@ def default_pack_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B: i
         )
         grown = grow_box(spec.payload.axes, extents, budget, floors={"dim": min(block_dim, dims)})
         blocks = grown if whole_rows and grown["batch"] >= 32 else _spread_rows(spec, grown, extents, D)
-        scales_along_batch = (spec.payload.scale_axes or ("block",))[-1] == "batch"
+        scales_along_batch = spec.payload.scale_axes is not None and spec.payload.scale_axes[-1] == "batch"
         if innermost == "head" and not wide and scales_along_batch and B > 1:
             blocks = _fill_scale_sectors(spec, blocks, extents, D)
         tile = blocks["peer"] * blocks["batch"] * blocks["head"] * blocks["dim"]

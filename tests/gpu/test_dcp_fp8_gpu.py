@@ -251,8 +251,9 @@ def test_fp8_pack_in_words_is_byte_exact_on_the_gpu(modules: dict[str, ModuleTyp
 @pytest.mark.parametrize("spec_name", ["fp8_head_inner", "fp8_batch_inner", "fp8_head_inner_scales_batch"])
 def test_fp8_pack_in_chunks_is_byte_exact_on_the_gpu(spec_name: str, modules: dict[str, ModuleType]) -> None:
     """Transposing fp8 layouts walk a scale block in chunks of the tile (two passes: the amax, then the codes,
-    the fast path or the exact one per tile): one scale per row or per 64 elements, at D 128 and 512, and for
-    one scale per row at D 576, which 256-element chunks do not divide (the third is partial)."""
+    the fast path or the exact one per tile): one scale per row, per 64 or per 32 elements (the last with its
+    scales along batch: the default box of several rows), at D 128 and 512, and for one scale per row at D 576,
+    which 256-element chunks do not divide (the third is partial)."""
     module = modules[spec_name]
     generator = torch.Generator().manual_seed(64)
     configs = [
