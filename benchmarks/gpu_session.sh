@@ -26,7 +26,8 @@
 #   bash benchmarks/gpu_session.sh gpu OUT       every GPU test
 #   bash benchmarks/gpu_session.sh exhaustive OUT pynccl_a2a_aligned combine at N 8, B 64 over its whole space (the probes
 #                                               hold a config faster than sglang rotated and L2-resident there that TPE
-#                                               missed); bench_dcp.py on that layout alone
+#                                               missed); bench_dcp.py on that layout (and on EXHAUSTIVE_SPEC, another
+#                                               bundled spec searched the same way instead: vllm_a2a, twenty-third pass)
 #   bash benchmarks/gpu_session.sh prefetch OUT  combine with every partial loaded before the weights (probe_prefetch/,
 #                                               rendered from the changed template) against the committed kernel, 40
 #                                               configs of the space and the small grid, rotated and L2-resident
@@ -172,7 +173,7 @@
 #                                               beside boxes of 1-8 rows or peers, five probe specs of benchmarks/specs/
 #                                               (blocks of 16, 32, 64; dim next to head; peer innermost), B 64 and
 #                                               1024; the fp8 GPU pack tests; OUT.tgz
-#   bash benchmarks/gpu_session.sh twentytwo_check OUT (twenty-second pass; not run yet: no device could be started) the
+#   bash benchmarks/gpu_session.sh twentytwo_check OUT (twenty-second pass; run in the twenty-third, on an H100) the
 #                                               adopted default (scales along batch only, blocks of 64 in 4 rows x 64
 #                                               dims) on blocks of 64 and 32 beside the old box; the fp8 GPU tests of
 #                                               the head-innermost layout with batch-innermost scales
@@ -370,12 +371,13 @@ gpu)
     timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -4
     ;;
 exhaustive)
-    timeout 300 python3 -m layoutgen.cli tune --spec pynccl_a2a_aligned --kernel combine --shape N=8 --shape H=128 \
+    spec=${EXHAUSTIVE_SPEC:-pynccl_a2a_aligned}
+    timeout 280 python3 -m layoutgen.cli tune --spec "$spec" --kernel combine --shape N=8 --shape H=128 \
         --shape D=512 --bucket 64 --exhaustive-limit 1000 --retune --db tuning_db \
-        --report "$out/tune_combine_aligned_n8_b64_exhaustive.md" 2>&1 | tail -2
+        --report "$out/tune_combine_${spec}_n8_b64_exhaustive.md" 2>&1 | tail -2
     cp tuning_db/NVIDIA_H200.json "$out/"
     python3 -m layoutgen.cli db check 2>&1 | tail -1
-    timeout 150 python3 benchmarks/bench_dcp.py --quick --warm --specs pynccl_a2a_aligned --out "$out" 2>&1 | tail -2
+    timeout 200 python3 benchmarks/bench_dcp.py --quick --warm --specs $(printf "%s\n" "$spec" pynccl_a2a_aligned | sort -u) --out "$out" 2>&1 | tail -2
     ;;
 prefetch)
     for spec in vllm_a2a pynccl_a2a; do
