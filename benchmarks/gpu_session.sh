@@ -23,7 +23,7 @@
 #                                               pack's launcher changed its kernel's source hash), the dispatch check
 #   bash benchmarks/gpu_session.sh dcp OUT       bench_dcp.py's rotated and L2-resident grid alone (after pack: v2, then dcp)
 #   bash benchmarks/gpu_session.sh space OUT     the masked pack over 48 configs of the space at B <= 8 points still over 3%
-#   bash benchmarks/gpu_session.sh gpu OUT       every GPU test
+#   bash benchmarks/gpu_session.sh gpu OUT       every GPU test (in 12 workers where .whl/ carries pytest-xdist and execnet)
 #   bash benchmarks/gpu_session.sh exhaustive OUT pynccl_a2a_aligned combine at N 8, B 64 over its whole space (the probes
 #                                               hold a config faster than sglang rotated and L2-resident there that TPE
 #                                               missed); bench_dcp.py on that layout (and on EXHAUSTIVE_SPEC, another
@@ -368,7 +368,10 @@ flag)
         --out "$out/probe_pack_flag_H200.json" 2>&1 | tail -3
     ;;
 gpu)
-    timeout 400 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 | tee "$out/gpu_tests.log" | tail -4
+    # With pytest-xdist in .whl/, 12 workers share the GPU: the suite is compile-bound (212 s on an H100, 23rd pass).
+    workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
+    timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 \
+        | tee "$out/gpu_tests.log" | tail -4
     ;;
 exhaustive)
     spec=${EXHAUSTIVE_SPEC:-pynccl_a2a_aligned}
