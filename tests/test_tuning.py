@@ -721,6 +721,19 @@ def test_dry_run_marks_the_studies_the_database_decides(tmp_path: Path) -> None:
     assert "3 studies" in retune.output and "decided" not in retune.output
 
 
+@requires_interpreter
+def test_the_tuner_names_the_smallest_bucket_that_serves_smaller_batches(tmp_path: Path) -> None:
+    """Tuning only B=3 leaves B 1 and 2 on B=3's config (dispatch takes the smallest tuned bucket >= B): the
+    run says so; once B=1 is tuned too there is nothing to say."""
+    out = io.StringIO()
+    runner.run(tiny_options(tmp_path, buckets=(3,), trials=2), Console(file=out, width=200))
+    assert "note: dcp|pynccl_a2a|pack|N=2|Hl=2|D=8|bfloat16: B < 3 runs the config of B=3," in out.getvalue()
+    out = io.StringIO()
+    summary = runner.run(tiny_options(tmp_path, buckets=(1,)), Console(file=out, width=200))
+    assert summary.db_path is not None and len(read_database(summary.db_path).entries) == 2
+    assert "note:" not in out.getvalue()
+
+
 def test_list_options_take_several_values_after_one_flag() -> None:
     from layoutgen.cli.common import expand_arguments
 

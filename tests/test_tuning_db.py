@@ -21,6 +21,7 @@ from layoutgen.tuning_db import (
     pick_bucket,
     read_database,
     record,
+    smallest_buckets,
 )
 
 DEVICE = "NVIDIA H200"
@@ -149,6 +150,16 @@ def test_device_file_name_rejects_names_without_letters() -> None:
 @pytest.mark.parametrize(("B", "bucket"), [(0, 1), (1, 1), (2, 8), (8, 8), (9, 64), (64, 64), (65, 64), (4096, 64)])
 def test_the_bucket_is_the_smallest_tuned_one_at_least_the_size_else_the_largest(B: int, bucket: int) -> None:
     assert pick_bucket(B, [64, 1, 8, 8]) == bucket
+
+
+def test_the_smallest_tuned_bucket_is_named_where_it_serves_smaller_sizes() -> None:
+    """Dispatch runs the smallest tuned bucket's config below it; the tuner names that bucket per group of the
+    keys it recorded, only where it is above 1, whichever of the group's keys it recorded."""
+    entries = [make_entry(make_key(bucket)) for bucket in (64, 8)]
+    entries += [make_entry(make_key(bucket, N=8)) for bucket in (1, 64)]
+    recorded = [make_key(64), make_key(8), make_key(64, N=8), make_key(64, spec="vllm_a2a")]
+    assert smallest_buckets(entries, recorded) == {make_key(64): 8}
+    assert smallest_buckets(entries, []) == {}
 
 
 def test_picking_a_bucket_needs_buckets() -> None:

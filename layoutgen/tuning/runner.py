@@ -209,9 +209,19 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     rows, entries = collect(storage, names, targets, device_name, buckets_of)
     db_path = None
     if entries and options.db_dir is not None:
-        from layoutgen.tuning_db import record
+        from layoutgen.tuning_db import read_database, record, smallest_buckets
 
         db_path = record(Path(options.db_dir), device_name, capability, entries)
+        recorded = read_database(db_path).entries.values()
+        for key, smallest in smallest_buckets(recorded, [entry.key for entry in entries]).items():
+            # Dispatch's rule (`pick_bucket`) says nothing at run time; say it where the buckets are chosen.
+            console.print(
+                f"note: {key.shape_text()}: {key.bucket_name} < {smallest} runs the config of {key.bucket_name}="
+                f"{smallest}, the smallest tuned, which can lose to the default there: tune the sizes you serve",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
     if rows and not interrupted:
         copy = next((r.copy_tbps for r in rows if r.copy_tbps), None)
         suffix = f" ({device_name}" + (f", copy {copy:.2f} TB/s)" if copy else ")")
