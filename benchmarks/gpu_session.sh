@@ -177,6 +177,9 @@
 #                                               adopted default (scales along batch only, blocks of 64 in 4 rows x 64
 #                                               dims) on blocks of 64 and 32 beside the old box; the fp8 GPU tests of
 #                                               the head-innermost layout with batch-innermost scales
+#   bash benchmarks/gpu_session.sh smallb OUT  (twenty-fourth pass) the dim-innermost combines' default at small batches
+#                                               (under one wave of programs) beside four-warp tiles, six bundled specs
+#                                               at B 1-32, with sglang (run before and after the default changed)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -985,5 +988,15 @@ rebench)
     timeout 400 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" \
         --specs pynccl_a2a_aligned flashinfer_mnnvl pynccl_a2a vllm_a2a 2>&1 | tail -4
     timeout 170 python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -4
+    ;;
+smallb)
+    points=""
+    for point in 2:1:128:512 4:1:128:512 8:1:128:512 2:8:128:512 4:8:128:512 8:8:128:512 8:16:128:512 8:32:128:512 \
+        2:8:16:512 8:8:16:512 2:8:32:128 8:8:32:128; do points="$points --point $point"; done
+    for spec in vllm_a2a pynccl_a2a_aligned pynccl_a2a trtllm_helix_native_v1 flashinfer_mnnvl pynccl_a2a_fp8; do
+        echo "== $spec"
+        timeout 105 python3 benchmarks/probe_combine.py --module cur=generated/$spec.py $points \
+            --out "$out/probe_small_combine_$spec.json" 2>&1 | tail -12
+    done
     ;;
 esac

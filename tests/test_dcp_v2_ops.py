@@ -334,3 +334,31 @@ def test_configs_are_the_same_types() -> None:
         "num_stages",
         "block_peer",
     ]
+
+
+def test_dim_innermost_combine_default_under_one_wave_takes_four_warps() -> None:
+    """Under one wave of programs (132) the dim-innermost combine is latency-bound: 4 warps over about 2048 / N
+    elements, split back along heads until 32 programs run (H100: 1.08x the one-warp tile's speed over 42
+    points at B 1-8); an fp8 wire keeps one warp below 512 elements.  Above a wave the one-warp rule stands."""
+    from layoutgen.dcp.config import default_combine_config
+
+    vllm, fp8 = bundled_specs()["vllm_a2a"], bundled_specs()["pynccl_a2a_fp8"]
+
+    def box(spec: Any, N: int, H: int, D: int, B: int) -> tuple[int, int, int, int]:
+        config = default_combine_config(spec, N, H // N, D, B, 2)
+        return config.block_batch, config.block_head, config.block_dim, config.num_warps
+
+    assert box(vllm, 2, 128, 512, 1) == (1, 2, 512, 4)  # 2 x 512 x 2 peers: 2048 elements, 32 programs
+    assert box(vllm, 4, 128, 512, 1) == (1, 2, 256, 4)
+    assert box(vllm, 8, 128, 512, 1) == (1, 2, 128, 4)
+    assert box(vllm, 2, 32, 128, 8) == (1, 4, 128, 4)  # 8 heads would leave 16 programs
+    assert box(vllm, 8, 32, 128, 8) == (1, 1, 128, 4)  # 2 heads would leave 16 programs
+    assert box(vllm, 8, 8, 96, 1) == (1, 1, 128, 4)  # one head per peer, D not a power of two
+    # Tiles whose N partials hold under 1024 elements take fewer warps: 16 bytes of bf16 a thread.
+    assert box(vllm, 8, 8, 64, 1) == (1, 1, 64, 2)
+    assert box(vllm, 2, 4, 8, 3) == (1, 1, 8, 1)
+    assert box(fp8, 2, 128, 512, 1) == (1, 2, 512, 4)
+    assert box(fp8, 8, 16, 512, 8) == (1, 2, 128, 1)
+    # A wave or more: the one-warp tiles, grown with 2048 / N only from four waves.
+    assert box(vllm, 8, 128, 512, 8) == (1, 2, 128, 1)
+    assert box(vllm, 2, 128, 512, 8) == (1, 2, 256, 2)

@@ -244,7 +244,8 @@ def test_pipeline_writes_a_database_that_dispatch_reads(tmp_path: Path, monkeypa
         assert entry.trials >= 2 and entry.p20_us <= entry.median_us <= entry.p80_us and entry.default_us > 0
         problem = dcp_problem(module.SPEC, entry.key.kernel, 2, 2, 8, "bfloat16")
         config = space.bind(problem, entry.key.bucket).config_type.from_dict(entry.config)
-        target_default = plan.make_targets(options)[0].default_config(entry.key.bucket)
+        target = next(t for t in plan.make_targets(options) if t.problem.kernel == entry.key.kernel)
+        target_default = target.default_config(entry.key.bucket)
         assert space.bind(problem, entry.key.bucket).is_feasible(config) or config == target_default
     # Every study of the exhaustive bucket measured its whole space once.
     trials = all_trials(options)

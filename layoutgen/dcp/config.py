@@ -102,8 +102,9 @@ def _warps_for(tile_elements: int, elem_size: int) -> int:
     return max(1, min(16, tile_bytes // 2048)) if tile_bytes >= 2048 else 1
 
 
-#: Programs that fill two waves of an H200's 132 SMs.
-_TWO_WAVES = 264
+#: Programs that fill one and two waves of an H200's (and an H100 SXM's) 132 SMs.
+_ONE_WAVE = 132
+_TWO_WAVES = 2 * _ONE_WAVE
 
 
 def _spread_rows(spec: DcpSpec, blocks: dict[str, int], extents: dict[str, int], D: int) -> dict[str, int]:
@@ -364,12 +365,34 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
     def programs() -> int:
         return B * -(-heads_per_peer // block_head) * -(-D // block_dim)
 
-    while block_head * block_dim * N < 2048 and programs() >= 4 * 132:
-        if block_dim < min(512, dims):
-            block_dim *= 2
-        elif block_head < heads:
-            block_head *= 2
-        else:
-            break
+    def grow_to_2048_over_peers(min_programs: int) -> None:
+        nonlocal block_head, block_dim
+        while block_head * block_dim * N < 2048 and programs() >= min_programs:
+            if block_dim < min(512, dims):
+                block_dim *= 2
+            elif block_head < heads:
+                block_head *= 2
+            else:
+                break
+
+    if programs() < _ONE_WAVE:
+        # Under one wave the combine is latency-bound: a program of 4 warps over about 2048 / N elements, split
+        # back along heads until 32 programs run.  H100, the 7 points under a wave of a grid at B 1-32 (N 2-8;
+        # H 128 and 16 with D 512, H 32 with D 128), six bundled specs (`gpu_session.sh smallb`, twenty-fourth
+        # pass): 1.00-1.20x the one-warp 2 x 128 tile's speed at all 42 points (1.08x geometric mean), against
+        # sglang 0.98-1.28x at the 28 it can combine, where the one-warp tile had 0.90x at worst.  The H200
+        # database's picks at B 1 hold 4 warps in 17 of its 21 bf16 combines.  An fp8 wire keeps one warp on
+        # tiles under 512 elements (N 8): 4 warps there took 1.54-1.60 µs against 1.49-1.57.  Tiles whose N
+        # partials hold under 1024 elements (small heads or D) take fewer warps, so that each thread still loads
+        # 16 bytes of bf16 (the tuner's space holds no less beyond one warp).
+        grow_to_2048_over_peers(min_programs=0)
+        while programs() < 32 and block_head > 1:
+            block_head //= 2
+        loaded = block_head * block_dim * N
+        warps = 4 if loaded >= 1024 else 2 if loaded >= 512 else 1
+        if spec.fp8 and block_head * block_dim < 512:
+            warps = 1
+        return CombineConfig(block_batch=1, block_head=block_head, block_dim=block_dim, num_warps=warps)
+    grow_to_2048_over_peers(min_programs=4 * 132)
     warps = max(1, min(8, block_head * block_dim // 256))
     return CombineConfig(block_batch=1, block_head=block_head, block_dim=block_dim, num_warps=warps)
