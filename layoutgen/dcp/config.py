@@ -393,6 +393,6 @@ def default_combine_config(spec: DcpSpec, N: int, heads_per_peer: int, D: int, B
         if spec.fp8 and block_head * block_dim < 512:
             warps = 1
         return CombineConfig(block_batch=1, block_head=block_head, block_dim=block_dim, num_warps=warps)
-    grow_to_2048_over_peers(min_programs=4 * 132)
+    grow_to_2048_over_peers(min_programs=4 * _ONE_WAVE)
     warps = max(1, min(8, block_head * block_dim // 256))
     return CombineConfig(block_batch=1, block_head=block_head, block_dim=block_dim, num_warps=warps)
