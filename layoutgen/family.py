@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 if TYPE_CHECKING:
     from layoutgen.config import LaunchConfig
@@ -265,7 +265,9 @@ class Family(ABC):
                 for k in self.kernels
             },
             "key": [*self.key_extents, "dtype", self.bucket.name],
-            "grid": {axis.name: list(axis.defaults) for axis in (*self.grid_axes, self.bucket)},
+            # The points themselves: a family may pair its axes' values rather than take their product.
+            "grid": self.grid_points({}, interpret=False),
+            "buckets": {self.bucket.name: list(self.bucket.defaults)},
         }
 
 
@@ -316,6 +318,11 @@ def _from_environment() -> dict[str, str]:
 
     families = dict(settings.families)
     for name, module in families.items():
+        if not re.fullmatch(FAMILY_NAME_PATTERN, name):  # checked here, where the pattern lives
+            raise SettingError(
+                f"LAYOUTGEN_FAMILIES: the family name {name!r} must match {FAMILY_NAME_PATTERN} (what a spec's "
+                "`family:` can name: a lower-case letter, then lower-case letters, digits, _); rename it"
+            )
         if name in BUILTIN_FAMILIES and module != BUILTIN_FAMILIES[name]:
             raise SettingError(
                 f"LAYOUTGEN_FAMILIES names {name}={module}, but {name!r} is layoutgen's built-in family "
@@ -358,13 +365,32 @@ def get_family(name: str) -> Family:
             f"{error}); fix the module or the variable's entry {name}={known[name]}"
         ) from error
     family = getattr(module, "FAMILY", None)
-    if not isinstance(family, Family):
-        raise TypeError(f"module {known[name]} of family {name!r} must expose a layoutgen.family.Family as FAMILY")
-    if family.name != name:
-        raise ValueError(f"module {known[name]} is registered as family {name!r} but its FAMILY is {family.name!r}")
+    if not isinstance(family, Family) or family.name != name:
+        _refuse_module(name, known[name], family)
     with _lock:
         _families[name] = family
     return family
+
+
+def _refuse_module(name: str, module: str, family: Any) -> NoReturn:
+    """The module registered as family `name` exposes no `Family` of that name: a SettingError naming the entry
+    where `LAYOUTGEN_FAMILIES` registered it (bad input, exit 2), else TypeError / ValueError."""
+    if not isinstance(family, Family):
+        problem = f"module {module} of family {name!r} must expose a layoutgen.family.Family as FAMILY"
+    else:
+        problem = f"module {module} is registered as family {name!r} but its FAMILY is {family.name!r}"
+    if name not in _from_environment():
+        raise TypeError(problem) if not isinstance(family, Family) else ValueError(problem)
+    from layoutgen.settings import SettingError
+
+    entry = f"{name}={module}"
+    if not isinstance(family, Family):
+        fix = f"fix the entry {entry}: MODULE is a package that exposes FAMILY"
+    elif BUILTIN_FAMILIES.get(family.name) == module:
+        fix = f"remove the entry {entry}: the built-in family {family.name!r} needs none"
+    else:
+        fix = f"write the entry as {family.name}={module}"
+    raise SettingError(f"LAYOUTGEN_FAMILIES: {problem}; {fix}")
 
 
 def families() -> list[Family]:

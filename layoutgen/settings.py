@@ -28,7 +28,14 @@ class Variable(Generic[T]):
 
     def read(self) -> T:
         text = os.environ.get(self.name, "").strip()
-        return self.default if not text else self.parse(text)
+        if not text:
+            return self.default
+        try:
+            return self.parse(text)
+        except SettingError:
+            raise
+        except ValueError as error:  # a parser's complaint, named after the variable it came from
+            raise SettingError(f"{self.name} {error}") from None
 
     def raw(self) -> str:
         return os.environ.get(self.name, "").strip()
@@ -46,8 +53,18 @@ class _Descriptor(Generic[T]):
         return self if owner is None else self.variable.read()
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
 def _flag(text: str) -> bool:
-    return text not in ("0", "false", "no", "off")
+    # Any case: `False` or `NO` read as "on" before, since only the lower-case words counted as off.
+    word = text.lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(f"must be one of {'/'.join(_TRUE)} (on) or {'/'.join(_FALSE)} (off), in any case; got {text!r}")
 
 
 def _path(text: str) -> Path:
@@ -59,23 +76,35 @@ class SettingError(ValueError):
 
 
 def _families(text: str) -> dict[str, str]:
-    pairs = {}
+    pairs: dict[str, str] = {}
     for item in text.split(","):
-        name, separator, module = item.strip().partition("=")
-        if not separator or not name.strip() or not module.strip():
+        name, separator, module = (part.strip() for part in item.strip().partition("="))
+        if not separator or not name or not module:
             raise SettingError(
                 f"LAYOUTGEN_FAMILIES must be NAME=MODULE pairs separated by commas, e.g. "
                 f"'stridecopy=my_package.stridecopy'; got {text!r}"
             )
-        pairs[name.strip()] = module.strip()
+        if name in pairs:
+            raise SettingError(
+                f"LAYOUTGEN_FAMILIES names the family {name!r} twice ({name}={pairs[name]} and {name}={module}); "
+                "keep one"
+            )
+        pairs[name] = module
     return pairs
 
 
-DEBUG = Variable("LAYOUTGEN_DEBUG", "`1`: show tracebacks for CLI errors", _flag, False)
+DEBUG = Variable(
+    "LAYOUTGEN_DEBUG",
+    "`1`: show tracebacks for CLI errors (`1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`, in any case; "
+    "another value is an error)",
+    _flag,
+    False,
+)
 TUNING_DB: Variable[Path | None] = Variable(
     "LAYOUTGEN_TUNING_DB",
     "a directory of tuning databases (`<device>.json`) searched before the packaged `tuning_db/`; per entry "
-    "the first current match wins",
+    "the first current match wins; dispatch skips a value that is no directory, `layoutgen db show/check/prune` "
+    "refuse it (exit 2)",
     _path,
     None,
 )
@@ -84,7 +113,7 @@ CONFIG = Variable(
     "JSON forcing launch configs of calls made with `config=None`, by kernel name, for debugging and "
     'determinism: `{"pack": {"block_head": 4, "num_warps": 4}, "combine": {"num_warps": 8}}`; fields left '
     "out keep the heuristic default's value (the tuning database is not consulted); a malformed value "
-    "raises `ValueError` at the first call",
+    "raises `ValueError` at the first call (`layoutgen build` refuses it before verifying, exit 2)",
     str,
     "",
 )
@@ -92,14 +121,15 @@ CACHE_DIR: Variable[Path | None] = Variable(
     "LAYOUTGEN_CACHE_DIR",
     "layoutgen's cache directory (default: `platformdirs.user_cache_dir(\"layoutgen\")`): the tuner's "
     "default study journal `tuning/studies.journal`, modules rendered from `--spec FILE.yaml`, the "
-    "`--interpret` database",
+    "`--interpret` database; `layoutgen tune` refuses one it cannot write to (exit 2)",
     _path,
     None,
 )
 FAMILIES: Variable[dict[str, str]] = Variable(
     "LAYOUTGEN_FAMILIES",
     "kernel families outside layoutgen, `NAME=MODULE[,NAME=MODULE...]`: each MODULE exposes a "
-    "`layoutgen.family.Family` as `FAMILY` (`layoutgen.family.register` does the same in code)",
+    "`layoutgen.family.Family` as `FAMILY` (`layoutgen.family.register` does the same in code); each NAME once, "
+    "a family name (`[a-z][a-z0-9_]*`), the name of that `FAMILY`",
     _families,
     {},
 )

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from layoutgen.family import DEFAULT_FAMILY, FAMILY_NAME_PATTERN, content_hash, families, get_family
-from layoutgen.files import FileRefused, read_bounded
+from layoutgen.files import FileRefused, generated_by_layoutgen, read_bounded
 
 #: Specs larger than this are not layout specs; refusing them bounds parsing work.
 MAX_SPEC_BYTES = 64 * 1024
@@ -48,17 +48,30 @@ _ALWAYS_RESERVED = {"generated", "sitecustomize", "usercustomize", "conftest", "
 def reserved_names() -> frozenset[str]:
     """Names a spec may not take: a generated `<name>.py` next to a script would shadow the module of that
     name.  Every top-level module importable in this environment (the standard library, the built-in
-    modules, everything installed on sys.path outside the working directory, layoutgen's own modules)
-    and the names above."""
+    modules, everything installed on sys.path outside the working directory but modules layoutgen generated,
+    layoutgen's own modules) and the names above."""
     names = set(sys.stdlib_module_names) | set(sys.builtin_module_names) | _ALWAYS_RESERVED
     working = {"", "."} | {str(Path.cwd())}
     paths = [entry for entry in sys.path if entry not in working]
-    names |= {module.name for module in pkgutil.iter_modules(paths)}
+    names |= {module.name for module in pkgutil.iter_modules(paths) if not _generated_module(module)}
     names |= set(metadata.packages_distributions())  # editable installs live behind import hooks, not paths
     package = Path(__file__).resolve().parent
     names |= {module.name for module in pkgutil.walk_packages([str(package)])}
     names |= {part for module in list(names) for part in module.split(".")}
     return frozenset(name.lower() for name in names)
+
+
+def _generated_module(module: pkgutil.ModuleInfo) -> bool:
+    """Whether `module` is a layoutgen-generated `<name>.py` (or no module at all): a folder of built modules on
+    the path (to import them) must not make their own specs' names, or a rebuild of them, read as taken.
+    Building over one is what `layoutgen build` does anyway."""
+    folder = getattr(module.module_finder, "path", None)
+    if module.ispkg or not isinstance(folder, str):
+        return False
+    path = Path(folder) / f"{module.name}.py"
+    if path.is_dir():  # pkgutil lists a folder named `x.py` as a module, which Python cannot import
+        return True
+    return generated_by_layoutgen(path) is True  # a compiled extension, or a file gone: a module like any other
 
 
 class Transport(str, Enum):
@@ -137,6 +150,12 @@ _FIX_HINTS: dict[str, str] = {
 #: pydantic's error types for a value of the wrong kind, which its messages word in Python's terms.
 _WANTS_LIST = frozenset({"tuple_type", "list_type"})
 _WANTS_MAPPING = frozenset({"model_type", "dict_type", "model_attributes_type"})
+#: pydantic's error types whose message says what was wanted but not what the spec gave.
+_SAYS_NOT_GIVEN = frozenset(
+    {"int_type", "int_parsing", "int_from_float", "string_type", "bool_type", "float_type", "enum", "literal_error"}
+)
+#: YAML 1.1 reads these unquoted words as booleans: `summary: no` is false, not the text "no".
+_YAML_BOOLEAN_HINT = "YAML reads yes/no/on/off/true/false unquoted as a boolean: quote the text"
 
 
 def _given(item: Any) -> str:
@@ -144,7 +163,9 @@ def _given(item: Any) -> str:
     value = item.get("input")
     if value is None:
         return "nothing (null)"
-    kind = {str: "a string", int: "a number", float: "a number", bool: "true/false", list: "a list", dict: "a mapping"}
+    if isinstance(value, bool):
+        return f"the boolean {'true' if value else 'false'}"
+    kind = {str: "a string", int: "a number", float: "a number", list: "a list", dict: "a mapping"}
     return f"{kind.get(type(value), type(value).__name__)} {_shown(repr(value), limit=60)}"
 
 
@@ -168,6 +189,10 @@ def _problems_from(error: ValidationError) -> list[tuple[str, str]]:
             message = f"must be a list ([a, b, c], or one `- item` per line); got {_given(item)}"
         elif item["type"] in _WANTS_MAPPING:
             message = f"must be a mapping of keys (see {SCHEMA_DOC} for this field's keys); got {_given(item)}"
+        elif item["type"] in _SAYS_NOT_GIVEN:
+            message = f"{message}; got {_given(item)}"
+            if item["type"] == "string_type" and isinstance(item.get("input"), bool):
+                message = f"{message} ({_YAML_BOOLEAN_HINT})"
         if item["type"] == "string_pattern_mismatch" and item["loc"] == ("name",):
             message = f"must match {NAME_PATTERN} (lower-case letter, then lower-case letters, digits, _)"
         problems.append((field, _shown(message, limit=400)))  # messages may quote the spec's own values
@@ -300,6 +325,9 @@ def parse_spec_text(text: str, source: str = "<spec>") -> Any:
         raise SpecError(source, [("(yaml)", _yaml_problem(error, source))]) from None
     except (ValueError, RecursionError) as error:  # e.g. an integer longer than Python's int-from-text limit
         raise SpecError(source, [("(yaml)", _shown(" ".join(str(error).split()), limit=200))]) from None
+    if data is None and not text.strip(" \t\r\n-."):  # nothing but blanks or document markers, not `null`
+        problem = f"the file is empty; a spec is a mapping of keys (name, summary, ...: see {SCHEMA_DOC})"
+        raise SpecError(source, [("(top level)", problem)])
     return parse_spec(data, source)
 
 

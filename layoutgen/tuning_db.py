@@ -39,7 +39,7 @@ SCHEMA_VERSION = 2
 CPU_INTERPRETER_DEVICE = "cpu-interpreter"
 #: How long a writer waits for another writer's lock before giving up.
 LOCK_TIMEOUT_S = 60.0
-#: A database larger than this is refused unread (the H200 file of 936 entries is 0.8 MB).
+#: A database larger than this is refused unread (the H200 file of 708 entries is 0.96 MB).
 MAX_DATABASE_BYTES = 64 << 20
 #: The migration of a schema-1 file (layoutgen 0.1): a script of the repository, since it must know the
 #: family whose entries it rewrites.

@@ -37,17 +37,26 @@ app = typer.Typer(
 )
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from layoutgen import __version__
+
+        say(f"layoutgen {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _options(
     debug_flag: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print layoutgen's version and exit.", callback=_print_version, is_eager=True),
+    ] = False,
 ) -> None:
     from layoutgen.settings import DEBUG
 
-    try:
-        from_env = DEBUG.read()
-    except ValueError:
-        from_env = False
-    debug["on"] = debug_flag or from_env
+    debug["on"] = debug_flag  # first: a refusal of the variable's value below is reported without a traceback
+    debug["on"] = debug_flag or DEBUG.read()  # a value that is no yes or no is refused (SettingError: exit 2)
 
 
 app.command("build")(build_command.build)

@@ -12,7 +12,15 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from layoutgen.cli.common import CommandFailed, bad_input, check_writable_dir, console, resolve_spec_source, say
+from layoutgen.cli.common import (
+    CommandFailed,
+    bad_input,
+    check_directory_path,
+    check_writable_dir,
+    console,
+    resolve_spec_source,
+    say,
+)
 from layoutgen.tuning.offline import ARCH
 
 
@@ -77,7 +85,7 @@ def build(
         ),
     ] = None,
     out: Annotated[
-        Path | None,
+        str | None,  # text, not Path: Path("") is ".", and `--out ""` must not mean the working directory
         typer.Option("--out", metavar="DIR", help="Output directory. Default: the checkout's generated/."),
     ] = None,
     check: Annotated[bool, typer.Option("--check", help="Write nothing; fail listing stale files.")] = False,
@@ -89,10 +97,12 @@ def build(
     when changed)."""
     from layoutgen import codegen
 
+    if out == "":
+        raise bad_input("--out needs a directory, e.g. --out generated_mine")
     sources, bundled = _spec_sources(spec)
     if out is None:
         _refuse_spec_files_into_checkout(sources)
-    out_dir = out if out is not None else _default_out_dir()
+    out_dir = Path(out) if out is not None else _default_out_dir()
     if out is not None:
         _refuse_inside_package(out_dir)
     owns_directory = bundled and out is None
@@ -100,19 +110,26 @@ def build(
         planned = codegen.plan_outputs(sources, out_dir, with_init=owns_directory)
     except ValueError as error:
         raise bad_input(str(error)) from None
+    where = f"--out {out_dir}" if out is not None else f"the checkout's {out_dir}"
     if check:
+        check_directory_path(out_dir, where)  # a file there is bad input, as without --check, not "stale"
         problems = codegen.stale_files(planned, out_dir, owns_directory)
         if problems:
             for problem in problems:
                 say(problem, "red", err=True)
-            raise CommandFailed(f"{len(problems)} generated file(s) out of date; run `layoutgen build`", code=1)
+            rebuild = _build_command(spec, out)
+            raise CommandFailed(f"{len(problems)} generated file(s) out of date; run `{rebuild}`", code=1)
         say(f"{len(planned)} generated file(s) up to date in {out_dir}", "green", wrap=False)
         return
-    check_writable_dir(out_dir, f"--out {out_dir}" if out is not None else f"the checkout's {out_dir}")
+    check_writable_dir(out_dir, where)
+    _refuse_directories_in_the_way(planned)
     if not verify:
         written = _write(planned, out_dir)
         say(f"{len(written)} written, {len(planned) - len(written)} unchanged in {out_dir}", wrap=False)
         return
+    from layoutgen.cli.environment import check_forced_configs
+
+    check_forced_configs()  # the verification launches kernels with config=None, which LAYOUTGEN_CONFIG forces
     modules = [item for item in planned if item.spec is not None]
     reports = _verify_staged(modules)
     failed = {report.spec_name for report in reports if not report.ok}
@@ -132,14 +149,38 @@ def build(
         )
 
 
+def _build_command(specs: list[str] | None, out: str | None) -> str:
+    """The `layoutgen build` that rewrites what `--check` found stale: the same --spec and --out."""
+    import shlex
+
+    words = ["layoutgen", "build"]
+    for text in specs or ():
+        words += ["--spec", shlex.quote(text)]
+    if out is not None:
+        words += ["--out", shlex.quote(out)]
+    return " ".join(words)
+
+
+def _refuse_directories_in_the_way(items: list[Any]) -> None:
+    """A directory where a module goes cannot be replaced by it: said before anything is verified or written,
+    naming that path (not only --out)."""
+    for item in items:
+        if item.path.is_dir() and not item.path.is_symlink():  # a symlink is replaced, its target left alone
+            raise bad_input(f"cannot write {item.path}: it is a directory; remove it or pass another --out")
+
+
 def _write(items: list[Any], out_dir: Path) -> list[Path]:
     """Write each planned file whose text changed; the paths written."""
     from layoutgen import codegen
 
-    try:
-        return [item.path for item in items if codegen.write_if_changed(item.path, item.content)]
-    except OSError as error:
-        raise bad_input(f"cannot write to {out_dir}: {error.strerror or error}") from error
+    written = []
+    for item in items:
+        try:
+            if codegen.write_if_changed(item.path, item.content):
+                written.append(item.path)
+        except OSError as error:
+            raise bad_input(f"cannot write {item.path}: {error.strerror or error}") from error
+    return written
 
 
 def _verify_staged(modules: list[Any]) -> list[Any]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from layoutgen.cli.common import CommandFailed, bad_input, console, parse_shape
+from layoutgen.cli.common import CommandFailed, bad_input, console, parse_shape, printable
 
 if TYPE_CHECKING:
     from layoutgen.tuning_db import Expected, TuningEntry, TuningKey
@@ -39,23 +39,14 @@ DbOption = Annotated[
 
 def say(text: str, style: str | None = None, *, wrap: bool = True) -> None:
     """`layoutgen.cli.common.say` through this module's console (tests give it another width)."""
-    console.print(text, style=style, markup=False, highlight=False, soft_wrap=not wrap or None)
+    console.print(printable(text), style=style, markup=False, highlight=False, soft_wrap=not wrap or None)
 
 
 def _dirs(db: list[Path] | None) -> list[Path]:
     """The directories to read: the given ones, each of which must be a directory, else the defaults."""
-    if not db:
-        from layoutgen.runtime.configs import database_dirs
+    from layoutgen.cli.environment import database_dirs
 
-        return database_dirs()
-    for directory in db:
-        if not directory.is_dir():
-            what = "is not a directory" if directory.exists() else "does not exist"
-            under_file = next((parent for parent in directory.parents if parent.is_file()), None)
-            if under_file is not None:
-                what = f"cannot exist: {under_file} is a file"
-            raise bad_input(f"--db {directory} {what}; pass a directory holding <device>.json files")
-    return list(db)
+    return database_dirs(db)
 
 
 def _expectations() -> dict[tuple[str, str], Expected]:
@@ -376,6 +367,7 @@ def prune(
     if not files:
         say(f"nothing to prune: no database files in {', '.join(str(d) for d in directories)}")
         return
+    plans = []
     for path in files:
         try:
             database = read_database(path)
@@ -387,10 +379,37 @@ def prune(
             reasons = {reason for reason, _ in current_problems(entry, wanted)} if wanted is not None else set()
             if reasons & set(_CONTENT_REASONS):
                 doomed.append(name)
+        plans.append((path, doomed, len(database.entries)))
+    if not dry_run:
+        # Every folder to change takes the lock file and the new file before any file changes: a read-only
+        # one is bad input naming it, not a PermissionError after other folders were pruned.
+        for folder in dict.fromkeys(path.parent for path, doomed, _ in plans if doomed):
+            _check_prunable(folder)
+    for path, doomed, held in plans:
         total += len(doomed)
         verb = "would remove" if dry_run else "removed"
         if doomed and not dry_run:
-            remove(path, doomed)
-        say(f"{path}: {verb} {len(doomed)} of {len(database.entries)} entries", wrap=False)
+            try:
+                remove(path, doomed)
+            except OSError as error:  # the folder changed since it was checked
+                raise bad_input(_unprunable(path.parent, error)) from None
+        say(f"{path}: {verb} {len(doomed)} of {held} entries", wrap=False)
     if not total:
         say("nothing to prune: every entry of a bundled spec is current for its spec, kernels, spaces and timing")
+
+
+def _unprunable(folder: Path, error: OSError) -> str:
+    return (
+        f"cannot prune the database folder {folder} ({error.strerror or error}): make it writable (prune writes "
+        "a lock file and each database anew there), or list what would go with --dry-run"
+    )
+
+
+def _check_prunable(folder: Path) -> None:
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".layoutgen-probe-"):
+            pass
+    except OSError as error:
+        raise bad_input(_unprunable(folder, error)) from None

@@ -27,5 +27,8 @@ def families(
         for kernel, summary in entry["kernels"].items():
             say(f"  kernel {kernel}: {summary}")
         say(f"  tuning key: spec, kernel, {', '.join(entry['key'])}")
-        grid = "; ".join(f"{name} {' '.join(map(str, values))}" for name, values in entry["grid"].items())
-        say(f"  default grid: {grid}")
+        points = entry["grid"]
+        axes = ", ".join(points[0]) if points else ""
+        tuples = ", ".join(f"({', '.join(map(str, point.values()))})" for point in points)
+        buckets = "; ".join(f"{name} {' '.join(map(str, values))}" for name, values in entry["buckets"].items())
+        say(f"  default grid: ({axes}) in {tuples}; at {buckets}")

@@ -44,7 +44,7 @@ def show(
     shape: ShapeOption = None,
     dtype: DtypeOption = None,
     png: Annotated[
-        Path | None,
+        str | None,  # text, not Path: Path("") is ".", which `--png ""` must not mean
         typer.Option(
             "--png", metavar="FILE", help="Also write the drawing as a PNG (needs matplotlib: layoutgen[plot])."
         ),
@@ -56,12 +56,12 @@ def show(
 
     layout = resolve_spec(spec)
     values, chosen = _shape_of(layout, shape, dtype)
-    if png is not None:
+    target = _png_target(png) if png is not None else None
+    if target is not None:
         try:
             show_module.png.require_matplotlib()  # fail before printing anything
         except ImportError as error:
             raise bad_input(str(error)) from None
-        check_writable_dir(png.parent, f"--png {png}")
     try:
         bmap = show_module.byte_map(layout, values, chosen)
     except (ValueError, TypeError) as error:
@@ -70,12 +70,23 @@ def show(
         sys.stdout.write(show_module.to_json(bmap))
     else:
         show_module.text_console().print(show_module.renderable(bmap))
-    if png is not None:
+    if target is not None:
         try:
-            size = show_module.png.write_png(bmap, png)
+            size = show_module.png.write_png(bmap, target)
         except OSError as error:
-            raise bad_input(f"cannot write {png}: {error.strerror or error}") from error
-        say(f"wrote {png} ({size} bytes)", err=True)
+            raise bad_input(f"cannot write {target}: {error.strerror or error}") from error
+        say(f"wrote {target} ({size} bytes)", err=True)
+
+
+def _png_target(text: str) -> Path:
+    """The --png file, checked before anything is drawn: a name, not a directory, in a writable directory."""
+    if not text:
+        raise bad_input("--png needs a file name, e.g. --png layout.png")
+    path = Path(text)
+    if path.is_dir():
+        raise bad_input(f"--png {path} is a directory; name a file, e.g. --png {path / 'layout.png'}")
+    check_writable_dir(path.parent, f"--png {path}")
+    return path
 
 
 def diff(

@@ -145,11 +145,29 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
-def check_scale(scale: Any) -> float:
-    """combine's output scale: a finite real number within float32's range (not a bool, not a tensor: it
-    is baked into the launch)."""
+def refuse_gradients(out: Any, lse: Any, max_sum: Any) -> None:
+    """pack records nothing for autograd: an input that requires grad, in grad mode, would lose its gradient
+    without a word (as Ulysses' sources would)."""
+    inputs = [("out", out), ("lse", lse)]
+    if isinstance(max_sum, tuple | list):  # a malformed max_sum is refused by the argument checks
+        inputs += list(zip(("max_sum[0]", "max_sum[1]"), max_sum, strict=False))
+    for name, tensor in inputs:
+        if getattr(tensor, "requires_grad", False):
+            raise RuntimeError(
+                f"pack: {name} requires grad, and layoutgen's kernels do not propagate gradients (inference "
+                f"only): call under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
+            )
+
+
+def check_scale_type(scale: Any) -> None:
+    """combine's output scale is a Python number (not a bool, not a tensor: it is baked into the launch)."""
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a Python float (or int); got {type(scale).__name__}")
+
+
+def check_scale(scale: Any) -> float:
+    """combine's output scale: a finite real number within float32's range."""
+    check_scale_type(scale)
     value = float(scale)
     if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
         raise ValueError(
@@ -159,14 +177,19 @@ def check_scale(scale: Any) -> float:
     return value
 
 
-def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any) -> None:
-    bufs = check_buffers(spec, bufs)
-    if isinstance(B, bool) or not isinstance(B, int) or not 0 <= B <= bufs.B_max:
-        raise ValueError(f"B must be an int in [0, B_max={bufs.B_max}]; got {B!r}")
+def check_combine_scalars(B: Any, B_max: int, lse_base: Any, return_lse: Any) -> None:
+    """combine's arguments besides the tensors (also checked while torch.compile traces a call)."""
+    if isinstance(B, bool) or not isinstance(B, int) or not 0 <= B <= B_max:
+        raise ValueError(f"B must be an int in [0, B_max={B_max}]; got {B!r}")
     if lse_base not in ("e", "2"):
         raise ValueError(f"lse_base must be 'e' or '2'; got {lse_base!r}")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+
+
+def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any) -> None:
+    bufs = check_buffers(spec, bufs)
+    check_combine_scalars(B, bufs.B_max, lse_base, return_lse)
     out_shape = (B, bufs.H // bufs.N, bufs.D)
     if out is not None:
         if not isinstance(out, torch.Tensor):

@@ -248,11 +248,11 @@ def _dim_innermost_pack_config(
     """`dim` innermost on both sides: whole rows of D, the box grown from the destination's innermost row axis
     outward (rows that lie next to each other in the buffer).  H200, N 8, H 128, D 512, five drawn specs and
     six bundled ones timed with this rule and the one before it, 8 heads x 512 dims x 4 warps (8 on fp8
-    wires), side by side (probe_unseen_dcp_defaults_{old,new}15_H200.md):
+    wires), side by side (archive/probe_unseen_dcp_defaults_{old,new}15_NVIDIA_H200.md):
 
     * B > 64: 2048 elements, 8 per thread (32 on fp8 wires): 0.77-0.98x the time at B 1024, 0.80-0.99x at 256.
       Rows padded past their stats words, which leave part of an L2 sector unwritten in every row and cost a
-      plain copy 21% (probe_row_padding_H200.md), went from 69-80% of the copy ceiling to 83-90%.
+      plain copy 21% (archive/probe_row_padding_NVIDIA_H200.md), went from 69-80% of the copy ceiling to 83-90%.
     * B <= 8: 1024 elements, 8 per thread (16 on fp8 wires; more programs shorten the one wave): 0.82-1.01x.
     * 8 < B <= 64: fp8 wires as above (0.87-0.99x); other wires keep the earlier 4096 elements of heads,
       since 2048 at 8 per thread took 1.00-1.06x there.

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from layoutgen.dcp import combine_plan, pack_plan, traced
+from layoutgen.dcp import checks, combine_plan, pack_plan, traced
 from layoutgen.dcp.config import CombineConfig, PackConfig
 from layoutgen.dcp.layout import LayoutBuffers
 from layoutgen.dcp.plans import (
@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 _is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 _dispatchers: dict[str, Dispatcher] = {}
 
 
@@ -115,6 +116,15 @@ class Dispatcher:
         empty: Any = None,
         max_sum: Any = None,
     ) -> None:
+        # Inference (no_grad / inference_mode) pays one call; in grad mode a plain pack pays two attribute reads
+        # (timed on the CI-like CPU, Python 3.11: 2.1 us for a call of refuse_gradients each time, 0.6 for these).
+        if _grad_enabled():
+            try:
+                refuse = max_sum is not None or out.requires_grad or lse.requires_grad
+            except AttributeError:  # not tensors: the argument checks name them
+                refuse = False
+            if refuse:
+                checks.refuse_gradients(out, lse, max_sum)
         if _is_compiling():
             traced.pack_traced(self, out, lse, bufs, config, empty, max_sum)
             return

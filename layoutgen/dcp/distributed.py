@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 
+from layoutgen.dcp.checks import check_combine_scalars, check_scale
 from layoutgen.dcp.exchange_inputs import check_call_inputs
 from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
+from layoutgen.dcp.plans import remember_buffers
 from layoutgen.dcp.spec import Transport
 from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
@@ -136,7 +138,8 @@ class DcpExchange:
             tensors = {
                 name: static.tensors[name].view(-1)[: meta.numel()].view(meta.shape) for name, meta in shapes.items()
             }
-            return LayoutBuffers(self.spec, shape, tensors)
+            # Remembered, so that the custom ops under torch.compile find the views' cached plans.
+            return remember_buffers(LayoutBuffers(self.spec, shape, tensors))
 
         send = prefix(self.send)
         views = (send, send if self.recv is self.send else prefix(self.recv))
@@ -171,6 +174,9 @@ class DcpExchange:
         h = self.heads_per_rank
         flat_out = None if merged_out is None else merged_out.view(B, h, self.D)
         if B == 0:
+            # combine, which checks these, does not run: refuse them here as at any other B.
+            check_combine_scalars(B, self.B_max, self.lse_base, return_lse)
+            check_scale(scale)
             # Every rank has the same B: all of them skip the collective together.
             merged = out.new_empty((*lead, h, self.D)) if merged_out is None else merged_out
             return (merged, out.new_empty((*lead, h), dtype=torch.float32)) if return_lse else merged

@@ -24,6 +24,7 @@ def check_call_inputs(
             out.device,
             *((t.shape, t.stride(), t.dtype, t.device) for t in stats),
             None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device),
+            lse is None,
             max_sum is None,
             None
             if merged_out is None

@@ -29,7 +29,7 @@ from layoutgen.config import config_from_values
 from layoutgen.dcp.config import CONFIG_TYPES
 from layoutgen.dcp.dispatch import dispatcher
 from layoutgen.dcp.plans import buffers_from_tensors
-from layoutgen.runtime.tensors import describe
+from layoutgen.runtime.tensors import describe, overlap
 
 
 def _config(kernel: str, values: list[int]) -> Any:
@@ -107,6 +107,12 @@ def combine_op(
         raise ValueError(
             f"out_lse must be a contiguous float32 tensor of shape {list(plan.out_shape[:2])} on {plan.device}; "
             f"got {describe(out_lse)}"
+        )
+    if out_lse is not None and (overlap(out_lse, out) or any(overlap(out_lse, tensor) for tensor in buffers)):
+        # The module's combine allocates out_lse; a caller of the op may hand it any tensor.
+        raise ValueError(
+            "out_lse must not share memory with out or the buffers combine reads; pass a tensor of its own "
+            f"(e.g. torch.empty); got {describe(out_lse)}"
         )
     if B:
         owner.combine_into(plan, bufs, out, out_lse)

@@ -13,9 +13,11 @@ from typing import Any, cast
 from layoutgen.dcp import checks
 from layoutgen.dcp.config import PackConfig, check_pack_tile, default_pack_config, pack_pairs_axis
 from layoutgen.dcp.plans import PackPlan, fit_grid
+from layoutgen.runtime import configs
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import PLANS, plans_of
 from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, needs_int64
+from layoutgen.settings import CONFIG
 
 
 def pack_key(owner: Any, out: Any, lse: Any, config: Any) -> tuple[Any, ...]:
@@ -34,6 +36,8 @@ def pack_v2_key(owner: Any, out: Any, first: Any, sums: Any, empty: Any, config:
 def key_of(owner: Any, out: Any, lse: Any, config: Any, empty: Any, max_sum: Any) -> tuple[Any, ...]:
     if empty is None and max_sum is None:
         return pack_key(owner, out, lse, config)
+    if max_sum is not None and lse is not None:
+        return ("lse and max_sum",)  # never planned: plan_pack refuses the pair on every call
     first, sums = (lse, None) if max_sum is None else max_sum
     return pack_v2_key(owner, out, first, sums, empty, config)
 
@@ -54,7 +58,14 @@ def plan_pack(
     else:
         check_config(config, PackConfig)
         resolved = config
-    check_pack_tile(spec, bufs.D, resolved)
+    try:
+        check_pack_tile(spec, bufs.D, resolved)
+    except ValueError as error:
+        from layoutgen.dcp import FAMILY
+
+        if config is None and configs.forced_fields(FAMILY.kernel("pack")) is not None:
+            raise ValueError(f"{CONFIG.name} forces an invalid pack config: {error}") from None
+        raise
     plan = PackPlan(batch, cast(PackConfig, resolved), needs_int64(*inputs, *bufs.tensors.values()))
     plan.guard = OverlapGuard.of(bufs.tensors.values(), inputs, disjoint=False)
     plans_of(bufs)[key_of(owner, out, lse, config, empty, max_sum)] = plan
@@ -79,7 +90,12 @@ def pack_v2(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: Any, 
     lse, empty or lse, *buffers); unused kernel pointers get the first statistics tensor."""
     try:
         first, sums = (lse, None) if max_sum is None else max_sum
-        plan = bufs.__dict__[PLANS][pack_v2_key(owner, out, first, sums, empty, config)]
+        # lse and max_sum together are refused by plan_pack on every call, not only the first.
+        plan = (
+            None
+            if max_sum is not None and lse is not None
+            else bufs.__dict__[PLANS][pack_v2_key(owner, out, first, sums, empty, config)]
+        )
     except (AttributeError, KeyError, TypeError, ValueError):
         plan = None
     if plan is None or plan.may_overlap(

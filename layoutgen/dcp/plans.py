@@ -76,13 +76,16 @@ def remember_buffers(bufs: LayoutBuffers) -> LayoutBuffers:
 def buffers_from_tensors(
     spec: DcpSpec, tensors: list[torch.Tensor], N: int, B_max: int, H: int, D: int, dtype: torch.dtype
 ) -> LayoutBuffers:
-    """The buffers object holding exactly `tensors` (alloc()'s, when it is alive), else a new one over them."""
+    """The buffers object holding exactly `tensors` (alloc()'s, when it is alive), else a new one over them.
+
+    `dtype` (the ops pass their `out`'s) is not matched against alloc()'s: a call with an `out` of another
+    dtype then gets the buffers it was made for, whose checks name `out` as the tensor that is wrong."""
     if tensors:
         bufs = remembered(tensors[0])
         if (
             isinstance(bufs, LayoutBuffers)
             and bufs.layout_hash == spec.layout_hash()
-            and bufs.shape == Shape(N, B_max, H, D, dtype)
+            and (bufs.N, bufs.B_max, bufs.H, bufs.D) == (N, B_max, H, D)
             and len(bufs.tensors) == len(tensors)
             and all(mine is given for mine, given in zip(bufs.tensors.values(), tensors, strict=True))
         ):

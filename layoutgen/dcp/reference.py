@@ -4,7 +4,7 @@ This module is the definition of correct: the tests, `layoutgen build`'s
 verification and the tuner's correctness gate all compare against it.  It reads
 the layout only through `LayoutBuffers` views, which are derived from the spec.
 
-The contract (docs/design.md §4 and §8.3):
+The contract (docs/design.md §4.1-§4.3; the project brief's §8.3):
 
 * pack takes `out [B, H, D]` or `[R, T, H, D]` (row r*T + t) and either `lse`
   (`[B, H]` / `[R, T, H]`, float32) or `max_sum=(max, sum)` of that shape.  An

@@ -1,13 +1,13 @@
 """The DCP family's spec: where every byte of a decode-context-parallel exchange lives.
 
-The pydantic model of docs/design.md §3 and §8.3 (a `layoutgen.spec.SpecBase`, so YAML loading, strictness
-and error reports are the shared ones).  Every rule of the schema is a validator here; a rule that blames
-one field raises `FieldError` naming it.
+The pydantic model of docs/design.md §3.1 and §4.2 (the project brief's §8.3), a `layoutgen.spec.SpecBase`,
+so YAML loading, strictness and error reports are the shared ones.  Every rule of the schema is a validator
+here; a rule that blames one field raises `FieldError` naming it.
 
-Stats forms (§8.3): `lse` (the default) keeps one float32 word per (peer, batch, head), the log-sum-exp;
-`max_sum` keeps two, the running max `m` and the sum of exponentials `s` (TensorRT-LLM helix), so that
-`lse = m + log(s)`.  A `max_sum` stats buffer names the two words' slots (`max_slot`, `sum_slot`); in a row
-tail the max comes first and the sum right after it.
+Stats forms (the brief's §8.3, docs/design.md §4.2): `lse` (the default) keeps one float32 word per (peer,
+batch, head), the log-sum-exp; `max_sum` keeps two, the running max `m` and the sum of exponentials `s`
+(TensorRT-LLM helix), so that `lse = m + log(s)`.  A `max_sum` stats buffer names the two words' slots
+(`max_slot`, `sum_slot`); in a row tail the max comes first and the sum right after it.
 
 fp8 on the wire (§8.3 of the project brief, docs/design.md §4.3): `payload.dtype: float8_e4m3fn` or
 `float8_e5m2` quantises the payload per block of `payload.scale_block` elements of a row (a power of two

@@ -3,10 +3,12 @@
 Pack is pure data movement: bytes must be identical (compare `uint8` views).
 Combine is judged against the float64 reference by the output dtype's rounding
 only: |got - ref| <= rtol * |ref| + atol * scale, where scale is the largest
-|partial| that took part.  rtol is one unit in the last place of the output
-dtype: GPUs round to nearest (half an ulp), the Triton interpreter truncates to
-bfloat16 (up to one ulp, measured 1.9x half an ulp); atol covers float32
-accumulation.
+|partial| that took part.  For bf16 and fp16 rtol is one unit in the last place
+of the output dtype: GPUs round to nearest (half an ulp), the Triton interpreter
+truncates to bfloat16 (up to one ulp, measured 1.9x half an ulp).  A float32
+output's own rounding (2^-24) is below what its float32 exponentials, weights
+and sums carry, so float32 gets 2^-20 (8 units in the last place).  atol
+covers float32 accumulation near 0.
 """
 
 from __future__ import annotations

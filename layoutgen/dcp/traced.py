@@ -21,6 +21,10 @@ def pack_traced(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: A
 def combine_traced(
     owner: Any, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # Checked while tracing, before the allocation below fails on them in torch's words. scale's value is
+    # checked by the op, on the number: under dynamic shapes the tracer holds a symbol, not a float.
+    checks.check_combine_scalars(B, bufs.B_max, lse_base, return_lse)
+    checks.check_scale_type(scale)
     # Allocation stays in the traced graph; the op only writes.
     heads_per_peer = bufs.H // bufs.N
     device = bufs.tensors["payload"].device
@@ -39,6 +43,6 @@ def combine_traced(
         B,
         lse_base,
         config_values(config),
-        checks.check_scale(scale),
+        scale,
     )
     return out, out_lse

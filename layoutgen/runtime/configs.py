@@ -20,7 +20,7 @@ from typing import Any
 
 from layoutgen import tuning_db
 from layoutgen.config import LaunchConfig
-from layoutgen.family import KernelDecl
+from layoutgen.family import KernelDecl, families
 from layoutgen.settings import CONFIG, TUNING_DB, settings
 
 
@@ -153,7 +153,7 @@ current_problems = tuning_db.current_problems
 
 def _stale_scope(reason: str, detail: str, path: Path, key: tuning_db.TuningKey) -> tuple[Any, ...]:
     """What one stale-entry warning stands for: every entry that is stale for the same cause.  Another
-    Triton or torch makes a whole file stale (one warning, not one per shape: 238 for the bundled database);
+    Triton or torch makes a whole file stale (one warning, not one per shape: 708 for the bundled database);
     a changed search space or timing procedure, a kernel of a family; a changed spec or kernel source, one
     spec's kernel."""
     if reason in ("triton", "torch"):
@@ -261,7 +261,12 @@ def forced_fields(kernel: KernelDecl) -> dict[str, int] | None:
                 f"{CONFIG.name} must be a JSON object of kernel names to config fields, e.g. "
                 f'{{"pack": {{"num_warps": 4}}}}; got {text[:200]!r}'
             )
+        kernel_names = sorted({declared.name for family in families() for declared in family.kernels})
         for name, value in data.items():
+            if name not in kernel_names:  # a typo would otherwise force nothing, without a word
+                raise ValueError(
+                    f"{CONFIG.name} names kernel {name!r}, which no family has; the kernels: {', '.join(kernel_names)}"
+                )
             if not isinstance(value, dict):
                 raise ValueError(f"{CONFIG.name}[{name!r}] must be an object of config fields; got {value!r}")
         parsed = data

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from layoutgen.runtime.tensors import overlap
+
 #: `exchange_fn(send_tensors, recv_tensors)`: move every peer's chunk of each send buffer into the
 #: receive buffer of the same name on that peer (same layout, peer index = source rank).
 ExchangeFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], None]
@@ -33,9 +35,18 @@ def all_to_all_tensors(send: Mapping[str, torch.Tensor], recv: Mapping[str, torc
     """One `all_to_all_single` per buffer name; every tensor's outermost extent must be the group's size."""
     import torch.distributed as dist
 
-    world = dist.get_world_size(group)
     if set(send) != set(recv):
         raise ValueError(f"send and receive buffers differ: {sorted(send)} vs {sorted(recv)}")
+    # Traced tensors have no addresses: eager calls are checked, traced ones are not.
+    for name, send_tensor in () if torch.compiler.is_compiling() else send.items():
+        for other, recv_tensor in recv.items():
+            if overlap(send_tensor, recv_tensor):
+                # all_to_all_single would read bytes another rank's chunk has already overwritten.
+                raise ValueError(
+                    f"send buffer {name!r} shares memory with receive buffer {other!r}: the exchange needs "
+                    "separate send and receive buffers (two alloc() calls); got the same memory for both"
+                )
+    world = dist.get_world_size(group)
     for name, send_tensor in send.items():
         recv_tensor = recv[name]
         if send_tensor.shape != recv_tensor.shape or send_tensor.dtype != recv_tensor.dtype:

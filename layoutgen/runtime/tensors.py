@@ -28,6 +28,11 @@ def usable_device(device: Any, label: str) -> torch.device | None:
         raise ValueError(
             f"{label}: device must be a torch.device or a name such as 'cuda' or 'cpu'; got {device!r}"
         ) from error
+    if where.type not in ("cuda", "cpu"):
+        raise ValueError(
+            f"{label}: layoutgen's kernels run on CUDA devices (and on CPU under the Triton interpreter); got "
+            f"device {where}: pass device='cuda' or device='cpu'"
+        )
     if where.type == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(

@@ -255,8 +255,8 @@ class WallClockTimer:
 
 
 def copy_bandwidth_tbps(device: torch.device, nbytes: int = 1 << 30, repeats: int = 20) -> float:
-    """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written (docs/design.md §10's
-    ceiling): the best of torch's `copy_` and a Triton copy kernel over a few block sizes, each one
+    """Device-to-device copy bandwidth in TB/s, counting bytes read plus bytes written (the copy ceiling the
+    benchmarks' percentages divide by): the best of torch's `copy_` and a Triton copy kernel over a few block sizes, each one
     large copy per replay of a CUDA graph."""
     best_us = _best_copy_us(
         torch.ones(nbytes // 4, dtype=torch.int32, device=device),

@@ -159,12 +159,6 @@ class UlyssesFamily(Family):
         "D": "D",
     }
 
-    def describe(self) -> dict[str, Any]:
-        """As every family's, without H_kv in the grid: its default follows from N and H (max(N, H/4))."""
-        described = super().describe()
-        described["grid"] = {name: values for name, values in described["grid"].items() if values}
-        return described
-
     def render_context(self, spec: Any) -> dict[str, Any]:
         from layoutgen.ulysses.render import module_context
 

@@ -134,13 +134,13 @@ class Dispatcher:
 
     def scatter(self, kernel: str, tensors: tuple[Any, ...], bufs: Any, config: TileConfig | None = None) -> None:
         """Write `tensors` (the direction's, in order) into the send buffers `bufs`."""
+        if _grad_enabled():  # traced calls too: the custom op would drop the gradient as silently
+            self._refuse_gradients(kernel, tensors)
         if _is_compiling():
             getattr(torch.ops.layoutgen, f"ulysses_{kernel}")(
                 list(tensors), list(bufs.tensors.values()), self.name, shape_values(bufs), config_values(config)
             )
             return
-        if _grad_enabled():
-            self._refuse_gradients(kernel, tensors)
         try:
             plan = bufs.__dict__[_PLANS][self._scatter_key(kernel, config, tensors)]
         except (AttributeError, KeyError, TypeError):

@@ -70,6 +70,8 @@ class UlyssesExchange:
         check_exchange_fn(self.spec.name, self.spec.transport is Transport.EXTERNAL, exchange_fn)
         if H_kv is None and self.spec.uses(HeadCount.H_KV):
             raise TypeError(f"spec '{self.spec.name}' has H_kv-headed tensors: pass H_kv")
+        if H_kv is not None and not self.spec.uses(HeadCount.H_KV):
+            raise TypeError(f"spec '{self.spec.name}' has no H_kv-headed tensors: leave H_kv out (got H_kv={H_kv!r})")
         if dtype not in DTYPES:
             raise TypeError(f"dtype must be one of {[str(d) for d in DTYPES]}, got {dtype}")
         self.device = required_device(device, "UlyssesExchange")

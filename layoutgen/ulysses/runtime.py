@@ -59,6 +59,11 @@ def all_to_all_buffers(spec: UlyssesSpec, send: Any, recv: Any, group: Any = Non
         raise TypeError(
             f"send must be the buffers object returned by alloc() or alloc_out(), got {type(send).__name__}"
         )
+    if isinstance(recv, UlyssesBuffers) and recv.direction != send.direction:
+        raise ValueError(
+            f"send holds the {send.direction} wire and recv the {recv.direction} wire: exchange two buffers objects "
+            "of one direction (both from alloc(), or both from alloc_out())"
+        )
     send = check_buffers(spec, send, send.direction, "send")
     recv = check_buffers(spec, recv, send.direction, "recv")
     if send.shape != recv.shape:
