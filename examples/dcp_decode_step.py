@@ -6,7 +6,7 @@
 
 Every rank holds the keys and values of positions t with t % N == rank (round-robin, as DCP shards
 the KV cache) and computes, for all H heads, softmax attention of the queries over its shard in
-float32: the partial output and its LSE, cast to the activation dtype. `DcpExchange` moves each
+float32: the partial output, cast to the activation dtype, and its float32 LSE. `DcpExchange` moves each
 head block to its owner and merges the N partials; the result must match attention over the whole
 cache computed in float64. Sequences shorter than N leave some ranks without keys (LSE -inf).
 Exits non-zero when any rank's result is off.
@@ -89,6 +89,8 @@ def worker(rank: int, args: argparse.Namespace, store: str) -> None:
         backend, init_method=f"file://{store}", rank=rank, world_size=args.world_size, timeout=timedelta(seconds=300)
     )
     from layoutgen import DcpExchange
+    from layoutgen.dcp.layout import wire_dtype
+    from layoutgen.dcp.quant import fp8_max
     from layoutgen.dcp.tolerances import COMBINE_RTOL
 
     try:
@@ -108,7 +110,18 @@ def worker(rank: int, args: argparse.Namespace, store: str) -> None:
         # LSE add far less. The merge is a convex combination, so both errors are bounded by dtype rounding
         # of the largest value involved.
         rtol = COMBINE_RTOL[dtype]
-        out_error = ((merged.cpu().double() - ref_out).abs() / (rtol * (ref_out.abs() + ref_out.abs().max()))).max()
+        allowed = rtol * (ref_out.abs() + ref_out.abs().max())
+        if exchange.spec.fp8:
+            # An fp8 wire adds its codes' rounding (README, "fp8 on the wire"): 2^-4 (e4m3fn; 2^-3 e5m2) of
+            # the merged partials' magnitudes, here bounded by the largest partial of any rank, plus 2^-10
+            # (2^-17) of the largest block scale (that partial over the fp8 maximum).
+            largest = out.float().abs().amax().to(device)
+            dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+            wire = wire_dtype(exchange.spec, dtype)
+            code_rtol, subnormal = (2.0**-4, 2.0**-10) if wire == torch.float8_e4m3fn else (2.0**-3, 2.0**-17)
+            largest_value = float(largest)
+            allowed = allowed + code_rtol * largest_value + subnormal * largest_value / fp8_max(wire)
+        out_error = ((merged.cpu().double() - ref_out).abs() / allowed).max()
         lse_error = ((merged_lse.cpu().double() - ref_lse).abs() / (1e-5 * (1 + ref_lse.abs()))).max()
         finite = bool(torch.isfinite(merged).all())
         ok = finite and float(out_error) <= 1 and float(lse_error) <= 1
@@ -132,7 +145,9 @@ def worker(rank: int, args: argparse.Namespace, store: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2, help="ranks (KV shards); default 2")
-    parser.add_argument("--spec", default="pynccl_a2a", help="an all_to_all_single spec name or generated .py")
+    parser.add_argument(
+        "--spec", default="pynccl_a2a", help="an all_to_all_single DCP spec name (fp8 ones too) or generated .py"
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if enough GPUs")
     parser.add_argument("--batch", type=int, default=6, help="sequences (query rows)")
     parser.add_argument("--heads", type=int, default=8)
@@ -146,7 +161,16 @@ def main() -> int:
         parser.error(f"--device cuda needs {args.world_size} GPUs, found {torch.cuda.device_count()}")
     import layoutgen
 
-    if layoutgen.load(args.spec).SPEC.transport.value != "all_to_all_single":
+    try:
+        spec = layoutgen.load(args.spec).SPEC
+    except (OSError, TypeError, ValueError) as error:
+        parser.error(f"--spec {args.spec}: {error}")
+    if spec.family != "dcp":
+        parser.error(
+            f"--spec {args.spec} is a {spec.family} spec; this example runs DCP specs "
+            "(examples/ulysses_attention.py runs Ulysses ones)"
+        )
+    if spec.transport.value != "all_to_all_single":
         parser.error(f"--spec {args.spec} leaves the exchange to the caller; pick an all_to_all_single spec")
     if args.heads % args.world_size:
         parser.error(f"--heads {args.heads} must be divisible by --world-size {args.world_size}")

@@ -387,3 +387,21 @@ def test_the_examples_rank_lines_come_one_per_rank_in_order(tmp_path: Path) -> N
     lines = result.stdout.splitlines()
     assert [line.split(" ", 2)[:2] for line in lines] == [["rank", "0/2"], ["rank", "1/2"]], result.stdout
     assert all(line.endswith(": OK") for line in lines)
+
+
+def test_the_example_runs_an_fp8_spec_and_refuses_another_family(tmp_path: Path) -> None:
+    # An fp8 wire is judged by its own rounding bound (README, "fp8 on the wire"), not the bf16 one's.
+    example = REPO_ROOT / "examples" / "dcp_decode_step.py"
+
+    def run(*arguments: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, str(example), "--batch", "3", "--head-dim", "32", "--device", "cpu", *arguments]
+        return subprocess.run(
+            command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=300, check=False
+        )
+
+    result = run("--spec", "vllm_a2a_fp8")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [line.endswith(": OK") for line in result.stdout.splitlines()] == [True, True], result.stdout
+    result = run("--spec", "ulysses_qkv_gqa")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "is a ulysses spec; this example runs DCP specs" in result.stderr
