@@ -6,6 +6,7 @@ anything is drawn, verified or written.  Commands run through the real entry poi
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
@@ -386,3 +387,20 @@ def test_version_prints_the_package_version(
 
     code, out, err = run_main(["--version"], capsys, monkeypatch)
     assert (code, out.strip(), err) == (0, f"layoutgen {__version__}", "")
+
+
+def test_db_show_entries_of_an_interpreter_database_shows_no_times(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # README (Tuning): the interpreter's wall clock is no kernel timing; `tune --interpret` shows none, nor may db.
+    from test_tuning_db import VERSIONS, make_entry
+
+    from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, record
+
+    record(tmp_path, CPU_INTERPRETER_DEVICE, "0.0", [make_entry(median_us=14235.57)], VERSIONS)
+    args = ["db", "show", "--db", str(tmp_path), "--device", CPU_INTERPRETER_DEVICE, "--entries"]
+    code, out, err = run_main(args, capsys, monkeypatch)
+    assert code == 0, err
+    assert "not shown for the Triton interpreter" in out and "14235" not in out, out
+    assert not re.search(r"\d\.\d\dx", out), out  # no speed-up
+    assert "B=64 - - - 40 head4 dim512 w4" in " ".join(out.split()), out

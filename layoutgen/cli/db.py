@@ -164,16 +164,20 @@ def _print_summary(entries: list[tuple[TuningEntry, str]]) -> None:
         say(line, wrap=False)
 
 
-def _print_entries(entries: list[tuple[TuningEntry, str]]) -> None:
+def _print_entries(entries: list[tuple[TuningEntry, str]], timed: bool = True) -> None:
     """A line per shape (spec, kernel, key extents, dtype), then a line per entry: size, timings, config.  An
     entry whose line would not fit the console (a config of many large blocks) puts its config on a second,
-    indented line, so that nothing is cut or wrapped mid-word."""
+    indented line, so that nothing is cut or wrapped mid-word.  `timed=False` (a `--interpret` database: the
+    interpreter's wall clock is no kernel timing) shows "-" for the times and speed-ups, as `tune` does."""
     groups: dict[tuple[str, ...], list[tuple[TuningEntry, str]]] = defaultdict(list)
     for entry, state in entries:
         key = entry.key
         extents = " ".join(f"{name}={value}" for name, value in key.extents)
         groups[(key.spec, key.kernel, extents, key.dtype)].append((entry, state))
-    say("  µs: the tuned config's median (p20-p80); speed-up over the default config")
+    if timed:
+        say("  µs: the tuned config's median (p20-p80); speed-up over the default config")
+    else:
+        say("  µs, speed-up: not shown for the Triton interpreter, whose wall clock is no kernel timing")
     say("  config: blocks per axis (1s left out), w num_warps, s num_stages (1 left out)")
     rows: list[tuple[str, ...]] = [("size", "µs", "p20-p80", "speed-up", "trials", "config")]
     headings = {}
@@ -188,9 +192,9 @@ def _print_entries(entries: list[tuple[TuningEntry, str]]) -> None:
             rows.append(
                 (
                     f"{entry.key.bucket_name}={entry.key.bucket}",
-                    f"{entry.median_us:.2f}",
-                    f"{entry.p20_us:.2f}-{entry.p80_us:.2f}",
-                    f"{entry.default_us / entry.median_us:.2f}x" if entry.median_us > 0 else "-",
+                    f"{entry.median_us:.2f}" if timed else "-",
+                    f"{entry.p20_us:.2f}-{entry.p80_us:.2f}" if timed else "-",
+                    f"{entry.default_us / entry.median_us:.2f}x" if timed and entry.median_us > 0 else "-",
                     str(entry.trials),
                     f"{config}  ({state})" if mixed else config,
                 )
@@ -254,7 +258,13 @@ def show(
     ] = False,
 ) -> None:
     """Summarise the tuned entries per spec and kernel (whether they are current); --entries lists each."""
-    from layoutgen.tuning_db import DatabaseError, current_device, device_file_name, read_database
+    from layoutgen.tuning_db import (
+        CPU_INTERPRETER_DEVICE,
+        DatabaseError,
+        current_device,
+        device_file_name,
+        read_database,
+    )
 
     if device is not None:
         try:
@@ -302,7 +312,10 @@ def show(
         states = [(entry, *_entry_state(entry, hashes)) for entry in chosen]
         if chosen:
             pairs = [(entry, state) for entry, state, _ in states]
-            (_print_entries if entries else _print_summary)(pairs)
+            if entries:
+                _print_entries(pairs, timed=database.device_name != CPU_INTERPRETER_DEVICE)
+            else:
+                _print_summary(pairs)
         reasons = {state: why for _, state, why in states if why}
         for state, why in sorted(reasons.items()):
             say(f"  {state}: e.g. {why}")
