@@ -404,3 +404,12 @@ def test_db_show_entries_of_an_interpreter_database_shows_no_times(
     assert "not shown for the Triton interpreter" in out and "14235" not in out, out
     assert not re.search(r"\d\.\d\dx", out), out  # no speed-up
     assert "B=64 - - - 40 head4 dim512 w4" in " ".join(out.split()), out
+
+
+def test_a_negative_shape_alias_is_refused_as_a_value(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Not click's "No such option: -1": the alias takes -1 as its value, which the shape check refuses.
+    code, out, err = run_main(["show", "pynccl_a2a", "--N", "-1"], capsys, monkeypatch)
+    assert_one_line_error(code, err, "extents are positive integers; got 'N=-1'")
+    assert not out.strip()  # refused before anything is drawn

@@ -214,7 +214,8 @@ def expand_arguments(args: list[str]) -> list[str]:
         if option in aliases and option not in LIST_OPTIONS:
             values = [inline] if equals else []
             index += 1
-            while index < len(tail) and not tail[index].startswith("-") and (command == "tune" or not values):
+            # A negative number is a value (refused by parse_shape as one), not an option click cannot find.
+            while index < len(tail) and _a_value(tail[index]) and (command == "tune" or not values):
                 values.append(tail[index])
                 index += 1
             if aliases[option] == "--bucket":
@@ -233,6 +234,10 @@ def expand_arguments(args: list[str]) -> list[str]:
                 first = False
                 index += 1
     return expanded
+
+
+def _a_value(arg: str) -> bool:
+    return not arg.startswith("-") or re.fullmatch(r"-\d+", arg) is not None
 
 
 def check_directory_path(directory: Path, what: str) -> Path:
