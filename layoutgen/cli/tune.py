@@ -69,24 +69,6 @@ def _uses_cache(specs: list[str], storage: str | None, interpret: bool, db: Path
     return yaml_specs or (storage is None and not dry_run) or (interpret and db is None)
 
 
-def _refuse_kernelless_specs(options: Any) -> None:
-    """With --kernel, every --spec given has one of those kernels: a spec of another family (DCP's `pack` for
-    a Ulysses spec) would otherwise be left out of the run without a word."""
-    from layoutgen.family import get_family
-    from layoutgen.tuning.plan import load_module
-
-    if not options.kernels or not options.specs:
-        return
-    for source in dict.fromkeys(options.specs):
-        family = get_family(load_module(source).SPEC.family)
-        kernels = [declared.name for declared in family.kernels]
-        if not set(options.kernels) & set(kernels):
-            raise bad_input(
-                f"--spec {source} has no kernel {' or '.join(options.kernels)} (a {family.name} spec; its kernels: "
-                f"{', '.join(kernels)}); tune it in a run of its own or add one of its kernels to --kernel"
-            )
-
-
 def tune(
     spec: Annotated[
         list[str] | None,
@@ -249,12 +231,12 @@ def tune(
         # The generated kernels are defined when their module is imported: the interpreter must be on first.
         os.environ["TRITON_INTERPRET"] = "1"
     try:
-        plan.make_targets(options)  # every spec loads, no two share a name, every kernel and axis exists
+        # Every spec loads, no two share a name, each named spec has a kernel asked for, every axis exists.
+        plan.make_targets(options)
     except SpecError:
         raise
     except ValueError as error:
         raise bad_input(str(error)) from None
-    _refuse_kernelless_specs(options)
     if dry_run:
         _print_plan(options)
         return

@@ -58,6 +58,8 @@ class CombinePlan:
     # The overlap check of a caller's `out` against the buffers combine reads, for later calls (its geometry is
     # in the plan key, its address is not); None for a combine that allocates its output.
     guard: OverlapGuard | None = None
+    # The custom op's check of a caller's out_lse against out and the buffers, made the first time it gets one.
+    lse_guard: OverlapGuard | None = None
     # Replays the recorded launch with a call's (*buffers, out, out_lse); None until recorded or when it can't be.
     direct: Callable[[tuple[Any, ...]], None] | None = None
     recorded: bool = False

@@ -115,8 +115,9 @@ def spec_sources(options: TuneOptions) -> list[str]:
 def make_targets(options: TuneOptions) -> list[Any]:
     """One `Target` per (spec, kernel, shape, dtype) the spec can lay out, in a stable order.
 
-    Raises ValueError for a kernel, grid axis or dtype that none of the specs' families has, and for two
-    specs with one name (their studies and database entries would collide)."""
+    Raises ValueError for a kernel, grid axis or dtype that none of the specs' families has, for a spec named
+    with --spec that has none of the --kernel kernels, and for two specs with one name (their studies and
+    database entries would collide)."""
     from layoutgen.tuning.objective import Target
 
     given = dict(options.grid)
@@ -138,6 +139,12 @@ def make_targets(options: TuneOptions) -> list[Any]:
             if dtype not in family.dtypes:
                 raise ValueError(f"--dtype {dtype} is not one the {family.name} family takes: {list(family.dtypes)}")
         kernels = [k.name for k in family.kernels if not options.kernels or k.name in options.kernels]
+        if options.specs and not kernels:  # a spec named on purpose is not left out of the run without a word
+            raise ValueError(
+                f"--spec {source} has no kernel {' or '.join(options.kernels)} (a {family.name} spec; its kernels: "
+                f"{', '.join(k.name for k in family.kernels)}); tune it in a run of its own or add one of its "
+                "kernels to --kernel"
+            )
         kernels_used |= set(kernels)
         points = family.grid_points({k: list(v) for k, v in given.items()}, options.interpret)
         found: dict[tuple[Any, ...], Any] = {}
