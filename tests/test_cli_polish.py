@@ -207,6 +207,10 @@ def test_db_show_selects_by_spec_kernel_and_shape(
     assert "1 selected" in out and f"{bucket_name}=64 " in out and f"{bucket_name}=1 " not in out
     code, out, err = run_main([*args, "--shape", "nope=3"], capsys, monkeypatch)
     assert code == 0 and "0 selected" in out and "no entry has the extent nope" in out, out + err
+    assert "grid" not in out
+    # The grid's total heads are no key extent: the hint says the keys hold one rank's share.
+    code, out, err = run_main([*args, "--shape", "H=128"], capsys, monkeypatch)
+    assert code == 0 and "no entry has the extent H;" in out and "Hl = H/N" in out, out + err
 
 
 def test_the_verification_lines_fit_80_columns_for_every_bundled_spec() -> None:

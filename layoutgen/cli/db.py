@@ -226,6 +226,26 @@ def _explain_empty(
         missing = sorted(names - found[what])
         if missing:
             say(f"  no entry has the {what} {', '.join(missing)}; the file's: {', '.join(sorted(found[what]))}")
+    grid_only = _grid_axes_not_keyed({key.family for key in keys}) & (set(shape) - found["extent"])
+    if grid_only:
+        say(
+            f"  {', '.join(sorted(grid_only))}: an axis of `layoutgen tune`'s grid, not of the keys, which hold"
+            " one rank's extents (e.g. Hl = H/N local heads: --shape N=8 --shape Hl=16 for H=128)"
+        )
+
+
+def _grid_axes_not_keyed(family_names: set[str]) -> set[str]:
+    """The tuning grid axes of these families that their keys hold in another form (H as Hl = H/N)."""
+    from layoutgen.family import get_family
+
+    axes: set[str] = set()
+    for name in family_names:
+        try:
+            family = get_family(name)
+        except ValueError:
+            continue
+        axes |= {axis.name for axis in family.grid_axes} - set(family.key_extents)
+    return axes
 
 
 @app.command("show")
