@@ -24,6 +24,8 @@
 #   bash benchmarks/gpu_session.sh dcp OUT       bench_dcp.py's rotated and L2-resident grid alone (after pack: v2, then dcp)
 #   bash benchmarks/gpu_session.sh space OUT     the masked pack over 48 configs of the space at B <= 8 points still over 3%
 #   bash benchmarks/gpu_session.sh gpu OUT       every GPU test (in 12 workers where .whl/ carries pytest-xdist and execnet)
+#   bash benchmarks/gpu_session.sh checkup OUT   (twenty-seventh pass) every GPU test (as `gpu`), dispatch_overhead.py (its
+#                                               table was last written by layoutgen 0.1.0), the dispatch check
 #   bash benchmarks/gpu_session.sh exhaustive OUT pynccl_a2a_aligned combine at N 8, B 64 over its whole space (the probes
 #                                               hold a config faster than sglang rotated and L2-resident there that TPE
 #                                               missed); bench_dcp.py on that layout (and on EXHAUSTIVE_SPEC, another
@@ -375,6 +377,13 @@ gpu)
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
     timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 \
         | tee "$out/gpu_tests.log" | tail -4
+    ;;
+checkup)
+    workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
+    timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 \
+        | tee "$out/gpu_tests.log" | tail -4
+    timeout 90 python3 benchmarks/dispatch_overhead.py --out "$out" 2>&1 | tail -4
+    timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2
     ;;
 exhaustive)
     spec=${EXHAUSTIVE_SPEC:-pynccl_a2a_aligned}
