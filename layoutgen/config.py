@@ -71,6 +71,11 @@ class LaunchConfig:
                 "use smaller blocks"
             )
 
+    def check_problem(self, spec: Any, extents: Mapping[str, int]) -> None:
+        """Raise ValueError naming the fix where the kernel of `spec` cannot run this config at `extents` (the
+        family's key extents) although every field is valid; a family whose launcher has such rules overrides
+        it (dispatch then skips a tuned config that breaks them, and `layoutgen db check` reports it)."""
+
     @property
     def tile_elements(self) -> int:
         size = 1

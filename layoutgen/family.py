@@ -205,7 +205,12 @@ class Family(ABC):
     @abstractmethod
     def key_shapes(self, spec: Any, kernel: str, point: Mapping[str, int], dtype: str) -> dict[str, int] | None:
         """The key extents of one grid point (e.g. N=4, H=128, D=512 -> N=4, Hl=32, D=512), or None when the
-        spec cannot hold that point (the tuner skips it)."""
+        spec cannot hold that point (the tuner skips it; `shape_problem` says why)."""
+
+    def shape_problem(self, spec: Any, kernel: str, point: Mapping[str, int], dtype: str) -> str | None:
+        """Why the spec cannot hold a grid point `key_shapes` skips (None: it can, or the family does not say):
+        the tuner names it when no point of a run's grid is left."""
+        return None
 
     @abstractmethod
     def workload(self, target: Target, bucket: int, device: Any, l2_bytes: int) -> Workload:

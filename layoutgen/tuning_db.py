@@ -32,6 +32,7 @@ from typing import Any
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
+from layoutgen import strict_json
 from layoutgen.files import FileRefused, read_bounded, replace_atomically
 
 SCHEMA_VERSION = 2
@@ -126,7 +127,8 @@ def utc_now() -> str:
 class TuningEntry(BaseModel):
     """The winner of one tuning run, what it was measured against, and how it compares with the default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Python's json reads and writes Infinity and NaN, which are no JSON: other readers of the file refuse them.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     key: TuningKey
     config: dict[str, StrictInt]  # a hand-edited "8" or true is an error, not a launch parameter
@@ -186,8 +188,9 @@ class TuningDatabase(BaseModel):
             raise ValueError(f"schema_version 1 was written by layoutgen 0.1; convert the file with `{MIGRATE_V1}`")
         if value != SCHEMA_VERSION:
             raise ValueError(
-                f"schema_version {value} is not the supported version {SCHEMA_VERSION}; "
-                "re-tune with this layoutgen or use the layoutgen release that wrote the file"
+                f"schema_version {value} is not the supported version {SCHEMA_VERSION}; move the file aside or "
+                "pass another --db (`layoutgen tune` writes no file it cannot read), or use the layoutgen release "
+                "that wrote it"
             )
         return value
 
@@ -199,7 +202,7 @@ class TuningDatabase(BaseModel):
         return self
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=2) + "\n"
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
 @dataclass(frozen=True)
@@ -297,7 +300,9 @@ def _problem(error: ValidationError) -> str:
 def parse_database(text: str, source: str) -> TuningDatabase:
     """Validate the JSON text of a database file; `source` names it in errors."""
     try:
-        data = json.loads(text)
+        data = strict_json.loads(text)
+    except strict_json.DuplicateKey as error:
+        raise DatabaseError(f"tuning database {source} is ambiguous: {error}; delete or rename one of them") from None
     except json.JSONDecodeError as error:
         raise DatabaseError(f"tuning database {source} is not valid JSON: {error}") from None
     except (ValueError, RecursionError) as error:  # a number too long to convert; nesting beyond the stack
@@ -401,12 +406,14 @@ def record(
     return path
 
 
-def remove(path: Path, names: Iterable[str]) -> int:
-    """Drop the entries `names` from the database at `path` (under its lock, atomically); the count removed."""
+def remove(path: Path, entries: Mapping[str, TuningEntry]) -> int:
+    """Drop `entries` (name -> the entry as the caller read it) from the database at `path`, under its lock and
+    atomically; the count removed.  An entry a writer replaced since the caller's read stays: the caller judged
+    the old one."""
     path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     with FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S):
         database = read_database(path)
-        doomed = set(names) & set(database.entries)
+        doomed = {name for name, entry in entries.items() if database.entries.get(name) == entry}
         if doomed:
             database.entries = {name: entry for name, entry in database.entries.items() if name not in doomed}
             replace_atomically(path, database.to_json())

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from layoutgen.cli.common import CommandFailed, bad_input, console, parse_shape, printable
+from layoutgen.cli.db_state import INVALID, bundled, entry_state, prunable
 
 if TYPE_CHECKING:
-    from layoutgen.tuning_db import Expected, TuningEntry, TuningKey
+    from layoutgen.tuning_db import TuningEntry, TuningKey
 
 app = typer.Typer(
     name="db",
@@ -43,58 +44,29 @@ def say(text: str, style: str | None = None, *, wrap: bool = True) -> None:
 
 
 def _dirs(db: list[Path] | None) -> list[Path]:
-    """The directories to read: the given ones, each of which must be a directory, else the defaults."""
+    """The directories to read: the given ones, each of which must be a directory, else the defaults; each
+    once (`--db D --db D/`, or the variable naming the packaged one, would report and prune a file twice)."""
     from layoutgen.cli.environment import database_dirs
 
-    return database_dirs(db)
-
-
-def _expectations() -> dict[tuple[str, str], Expected]:
-    """(bundled spec, kernel) -> what a current entry must record, computed as `layoutgen build` renders."""
-    from layoutgen.codegen import source_hashes
-    from layoutgen.family import get_family
-    from layoutgen.spec import bundled_specs
-    from layoutgen.tuning.procedure import space_hash, timing_hash
-    from layoutgen.tuning_db import Expected, entry_versions
-
-    versions = entry_versions()
-    expected = {}
-    for name, spec in bundled_specs().items():
-        family = get_family(spec.family)
-        for kernel, source in source_hashes(spec).items():
-            decl = family.kernel(kernel)
-            expected[(name, kernel)] = Expected(
-                spec.layout_hash(), source, space_hash(decl), timing_hash(decl), versions
-            )
-    return expected
-
-
-def _entry_state(entry: TuningEntry, expected: dict[tuple[str, str], Expected]) -> tuple[str, str]:
-    """(state, why): "current", "not bundled" or "stale <reason>" and, when stale, the first problem."""
-    from layoutgen.tuning_db import current_problems
-
-    wanted = expected.get((entry.key.spec, entry.key.kernel))
-    if wanted is None:
-        return "not bundled", "no bundled spec of that name: dispatch never reads it"
-    problems = current_problems(entry, wanted)
-    if not problems:
-        return "current", ""
-    reason, detail = problems[0]
-    return f"stale {reason}", detail
+    unique: dict[Path, Path] = {}
+    for directory in database_dirs(db):
+        unique.setdefault(directory.resolve(), directory)
+    return list(unique.values())
 
 
 def _files(directories: list[Path], device: str | None) -> list[Path]:
+    """The database files in `directories`, each once: a file linked into two of them is read by the first."""
     from layoutgen.tuning_db import device_file_name
 
-    found = []
+    found: dict[Path, Path] = {}
     for directory in directories:
         if device is not None:
-            candidate = directory / device_file_name(device)
-            if candidate.is_file():
-                found.append(candidate)
-        elif directory.is_dir():
-            found += sorted(directory.glob("*.json"))
-    return found
+            candidates = [path for path in [directory / device_file_name(device)] if path.is_file()]
+        else:  # whatever else is named *.json there is reported by the reader
+            candidates = sorted(directory.glob("*.json")) if directory.is_dir() else []
+        for candidate in candidates:
+            found.setdefault(candidate.resolve(), candidate)
+    return list(found.values())
 
 
 def _selected(key: TuningKey, specs: set[str], kernels: set[str], shape: dict[str, list[int]]) -> bool:
@@ -302,7 +274,7 @@ def show(
         what = f"for device {device!r}" if device else "(*.json)"
         say(f"no tuning database {what} in {where}; dispatch uses heuristic defaults")
         return
-    hashes = _expectations()
+    specs = bundled()
     broken = 0
     for path in files:
         try:
@@ -329,7 +301,7 @@ def show(
             say("  last written with " + ", ".join(f"{k} {v}" for k, v in sorted(database.versions.items())))
         if not chosen:
             _explain_empty(database.entries.values(), set(spec or ()), set(kernel or ()), wanted_shape)
-        states = [(entry, *_entry_state(entry, hashes)) for entry in chosen]
+        states = [(entry, *entry_state(entry, specs)) for entry in chosen]
         if chosen:
             pairs = [(entry, state) for entry, state, _ in states]
             if entries:
@@ -341,6 +313,8 @@ def show(
             say(f"  {state}: e.g. {why}")
         if any(state.startswith("stale") for state in reasons):
             say("  dispatch ignores stale entries; `layoutgen tune` tunes them again")
+        if INVALID in reasons:
+            say("  dispatch uses no invalid entry (`layoutgen db check` names each): correct or delete them")
     if not entries and broken < len(files):
         say("one line per entry: add --entries (select with --spec, --kernel, --shape N=4)")
     if broken:
@@ -349,12 +323,13 @@ def show(
 
 @app.command("check")
 def check(db: DbOption = None) -> None:
-    """Validate every database file (schema, names, file name vs device); list stale entries. Fails on invalid."""
+    """Validate every database file (schema, names, file name vs device, each entry's key and config); count the
+    entries per state. Fails on an invalid file or entry."""
     from layoutgen.tuning_db import DatabaseError, device_file_name, read_database
 
     directories = _dirs(db)
     files = _files(directories, None)
-    hashes = _expectations()
+    specs = bundled()
     problems = 0
     for path in files:
         try:
@@ -370,18 +345,23 @@ def check(db: DbOption = None) -> None:
             )
             problems += 1
             continue
-        counts = Counter(_entry_state(entry, hashes)[0] for entry in database.entries.values())
+        states = {name: entry_state(entry, specs) for name, entry in database.entries.items()}
+        counts = Counter(state for state, _ in states.values())
         summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items())) or "no entries"
+        if INVALID in counts:
+            say(
+                f"invalid {path}: {summary} (dispatch uses no invalid entry: correct or delete them)", "red", wrap=False
+            )
+            for name, (state, why) in states.items():
+                if state == INVALID:
+                    say(f"  {name}: {why}", wrap=False)
+            problems += 1
+            continue
         say(f"ok {path}: {summary}", wrap=False)  # a path is never folded
     if not files:
         say(f"no database files in {', '.join(str(d) for d in directories)} (an empty database is valid)")
     if problems:
         raise CommandFailed(f"{problems} invalid tuning database file(s)", code=1)
-
-
-#: Why an entry can be stale that no machine changes: what `prune` removes (the software versions are the
-#: machine's, so an entry tuned with another torch stays for the machines that run it).
-_CONTENT_REASONS = ("spec", "kernel source", "search space", "timing procedure")
 
 
 @app.command("prune")
@@ -391,10 +371,10 @@ def prune(
 ) -> None:
     """Remove the entries of bundled specs that can never be current again: tuned for another spec, kernel
     source, search space or timing procedure (never for another triton or torch: those are the machine's)."""
-    from layoutgen.tuning_db import DatabaseError, current_problems, read_database, remove
+    from layoutgen.tuning_db import DatabaseError, read_database, remove
 
     directories = _dirs(db)
-    expected = _expectations()
+    specs = bundled()
     total = 0
     files = _files(directories, None)
     if not files:
@@ -406,12 +386,7 @@ def prune(
             database = read_database(path)
         except DatabaseError as error:
             raise CommandFailed(str(error), code=1) from None
-        doomed = []
-        for name, entry in database.entries.items():
-            wanted = expected.get((entry.key.spec, entry.key.kernel))
-            reasons = {reason for reason, _ in current_problems(entry, wanted)} if wanted is not None else set()
-            if reasons & set(_CONTENT_REASONS):
-                doomed.append(name)
+        doomed = {name: entry for name, entry in database.entries.items() if prunable(entry, specs)}
         plans.append((path, doomed, len(database.entries)))
     if not dry_run:
         # Every folder to change takes the lock file and the new file before any file changes: a read-only
@@ -419,14 +394,20 @@ def prune(
         for folder in dict.fromkeys(path.parent for path, doomed, _ in plans if doomed):
             _check_prunable(folder)
     for path, doomed, held in plans:
-        total += len(doomed)
-        verb = "would remove" if dry_run else "removed"
-        if doomed and not dry_run:
-            try:
-                remove(path, doomed)
-            except OSError as error:  # the folder changed since it was checked
-                raise bad_input(_unprunable(path.parent, error)) from None
-        say(f"{path}: {verb} {len(doomed)} of {held} entries", wrap=False)
+        if dry_run:
+            say(f"{path}: would remove {len(doomed)} of {held} entries", wrap=False)
+            total += len(doomed)
+            continue
+        try:
+            # Removes an entry only while it is the one judged here: a tuner may have replaced it since.
+            removed = remove(path, doomed) if doomed else 0
+        except OSError as error:  # the folder changed since it was checked
+            raise bad_input(_unprunable(path.parent, error)) from None
+        except DatabaseError as error:  # rewritten since it was read, into something unreadable
+            raise CommandFailed(str(error), code=1) from None
+        kept = f" ({len(doomed) - removed} replaced since read: kept)" if removed < len(doomed) else ""
+        say(f"{path}: removed {removed} of {held} entries{kept}", wrap=False)
+        total += removed
     if not total:
         say("nothing to prune: every entry of a bundled spec is current for its spec, kernels, spaces and timing")
 

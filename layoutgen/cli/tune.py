@@ -18,7 +18,8 @@ from layoutgen.spec import SpecError
 
 def default_db_dir(interpret: bool) -> Path:
     """Where winners go without --db: the checkout's tuning_db/ (what dispatch reads) for a GPU; the cache
-    for the interpreter, whose timings must not land in the repository."""
+    for the interpreter, whose timings must not land in the repository, and for an installed layoutgen, whose
+    packaged database is not this user's to write (`_dispatch_hint` says how dispatch reads it)."""
     from layoutgen.loader import source_root
     from layoutgen.tuning.storage import cache_dir
 
@@ -109,8 +110,9 @@ def tune(
             "--trials",
             min=1,
             metavar="N",
-            help="Measured trials per TPE study (default 24). Not a cap: spaces of at most --exhaustive-limit "
-            "points are searched exhaustively (every point, plus the final re-timing) whatever this says.",
+            help="Measured trials per TPE study (default 24; 4 with --interpret). Not a cap: spaces of at most "
+            "--exhaustive-limit points are searched exhaustively (every point, plus the final re-timing) whatever "
+            "this says.",
         ),
     ] = None,
     time_budget: Annotated[
@@ -124,7 +126,12 @@ def tune(
     ] = None,
     exhaustive_limit: Annotated[
         int | None,
-        typer.Option("--exhaustive-limit", min=0, metavar="POINTS", help="Search spaces this small exhaustively (64)."),
+        typer.Option(
+            "--exhaustive-limit",
+            min=0,
+            metavar="POINTS",
+            help="Search spaces this small exhaustively (64; 8 with --interpret).",
+        ),
     ] = None,
     storage: Annotated[
         str | None,
@@ -139,7 +146,12 @@ def tune(
     ] = "auto",
     db: Annotated[
         Path | None,
-        typer.Option("--db", metavar="DIR", help="Tuning database directory. Default: the checkout's tuning_db/."),
+        typer.Option(
+            "--db",
+            metavar="DIR",
+            help="Tuning database directory. Default: the checkout's tuning_db/ (installed, or with --interpret: "
+            "the cache's).",
+        ),
     ] = None,
     interpret: Annotated[
         bool,
@@ -240,14 +252,16 @@ def tune(
     if dry_run:
         _print_plan(options)
         return
+    from layoutgen.tuning_db import DatabaseError
+
     try:
         summary = run(options, console)
         if summary.db_path is not None:
             decided = sum(1 for row in summary.rows if row.chosen)
             say(f"{decided} decision(s) recorded in {summary.db_path}", wrap=False)
-            if interpret:
-                # The directory given, not the file's: a symlinked database is read through its link there.
-                say(f"dispatch on CPU reads it with LAYOUTGEN_TUNING_DB={Path(db_dir).absolute()}", wrap=False)
+        _dispatch_hint(db_dir, summary.device_name, interpret)
+    except DatabaseError as error:
+        raise _unusable_database(error) from None
     except (ValueError, RuntimeError) as error:
         raise bad_input(str(error)) from None
     except KeyboardInterrupt:
@@ -264,6 +278,38 @@ def tune(
         )
     if summary.unfinished:
         say(f"{summary.unfinished} studies have no decision yet; re-run the same command to continue", err=True)
+    if summary.undecidable:
+        # Re-running decides the same (the failures are the configs'), so it is not offered: the reasons are.
+        shown = "; ".join(summary.undecidable[:3])
+        more = f"; and {len(summary.undecidable) - 3} more" if len(summary.undecidable) > 3 else ""
+        raise CommandFailed(
+            f"{len(summary.undecidable)} studies could not be decided, no config of theirs ran ({shown}{more}); "
+            "nothing was recorded for them: leave those sizes or shapes out, or report the failure if the kernel "
+            "should run there",
+            code=1,
+        )
+
+
+def _dispatch_hint(db_dir: Path, device_name: str, interpret: bool) -> None:
+    """Say how dispatch reads the database just written where it does not read it already (the interpreter's,
+    an installed layoutgen's default, any other --db): tuning would otherwise have no effect."""
+    from layoutgen.runtime.configs import database_dirs
+    from layoutgen.tuning_db import device_file_name
+
+    if not os.path.lexists(db_dir / device_file_name(device_name)):
+        return
+    if db_dir.resolve() not in {directory.resolve() for directory in database_dirs()}:
+        # The directory given, not the file's: a symlinked database is read through its link there.
+        where = "dispatch on CPU" if interpret else "dispatch"
+        say(f"{where} reads it with LAYOUTGEN_TUNING_DB={db_dir.absolute()}", wrap=False)
+
+
+def _unusable_database(error: Exception) -> CommandFailed:
+    """An existing database file tune cannot read is a real failure (exit 1, as `db check`), not bad input; the
+    fix is said once (a schema message says it already)."""
+    text = str(error)
+    fix = "" if "another --db" in text else "; tune neither reads nor replaces it: move it aside or pass another --db"
+    return CommandFailed(text + fix, code=1)
 
 
 def _print_plan(options: object) -> None:
@@ -318,7 +364,7 @@ def _decided_studies(options: Any, targets: list[Any]) -> tuple[str | None, set[
     try:
         held = database_entries(options.db_dir, device_name, targets, options)
     except DatabaseError as error:
-        raise bad_input(str(error)) from None
+        raise _unusable_database(error) from None
     return device_name, set(held_decisions(held, options)[0])
 
 

@@ -98,16 +98,20 @@ class DcpFamily(Family):
         return [{"N": N, "H": H, "D": D} for H, D in pairs for N in peers]
 
     def key_shapes(self, spec: Any, kernel: str, point: Mapping[str, int], dtype: str) -> dict[str, int] | None:
+        if self.shape_problem(spec, kernel, point, dtype) is not None:
+            return None  # e.g. H not divisible by N, or a row-tail spec with an odd D
+        return {"N": point["N"], "Hl": point["H"] // point["N"], "D": point["D"]}
+
+    def shape_problem(self, spec: Any, kernel: str, point: Mapping[str, int], dtype: str) -> str | None:
         import torch
 
         from layoutgen.dcp.layout import Shape, check_shape
 
-        N, H, D = point["N"], point["H"], point["D"]
         try:
-            check_shape(spec, Shape(N, 1, H, D, getattr(torch, dtype)))
-        except (TypeError, ValueError):
-            return None  # e.g. H not divisible by N, or a row-tail spec with an odd D
-        return {"N": N, "Hl": H // N, "D": D}
+            check_shape(spec, Shape(point["N"], 1, point["H"], point["D"], getattr(torch, dtype)))
+        except (TypeError, ValueError) as error:
+            return str(error)
+        return None
 
     def _sizes(self, problem: Any) -> tuple[int, int, int, int, int]:
         """N, heads per peer, D, activation and wire element sizes of a problem."""

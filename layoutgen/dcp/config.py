@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from layoutgen.config import LaunchConfig, grow_box, next_pow2
 from layoutgen.dcp.spec import DcpSpec
@@ -24,6 +25,9 @@ class _TileConfig(LaunchConfig):
 class PackConfig(_TileConfig):
     kernel: ClassVar[str] = "pack"
     block_peer: int = 1
+
+    def check_problem(self, spec: Any, extents: Mapping[str, int]) -> None:
+        check_pack_tile(spec, extents["D"], self)
 
 
 @dataclass(frozen=True)

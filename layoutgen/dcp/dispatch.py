@@ -103,6 +103,7 @@ class Dispatcher:
             self.spec_hash,
             self.source_hashes[kernel],
             default,
+            self.spec,
         )
 
     # pack ----------------------------------------------------------------------------------------------------

@@ -13,11 +13,9 @@ from typing import Any, cast
 from layoutgen.dcp import checks
 from layoutgen.dcp.config import PackConfig, check_pack_tile, default_pack_config, pack_pairs_axis
 from layoutgen.dcp.plans import PackPlan, fit_grid
-from layoutgen.runtime import configs
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import PLANS, plans_of
 from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, needs_int64
-from layoutgen.settings import CONFIG
 
 
 def pack_key(owner: Any, out: Any, lse: Any, config: Any) -> tuple[Any, ...]:
@@ -58,14 +56,10 @@ def plan_pack(
     else:
         check_config(config, PackConfig)
         resolved = config
-    try:
-        check_pack_tile(spec, bufs.D, resolved)
-    except ValueError as error:
-        from layoutgen.dcp import FAMILY
-
-        if config is None and configs.forced_fields(FAMILY.kernel("pack")) is not None:
-            raise ValueError(f"{CONFIG.name} forces an invalid pack config: {error}") from None
-        raise
+    # Raises for an explicit config (and would for a wrong default).  `resolve` held a forced or tuned config to
+    # the same rule (PackConfig.check_problem): it raised for a forced one, warned and took the default for a
+    # tuned one, since the database must not break a call.
+    check_pack_tile(spec, bufs.D, resolved)
     plan = PackPlan(batch, cast(PackConfig, resolved), needs_int64(*inputs, *bufs.tensors.values()))
     plan.guard = OverlapGuard.of(bufs.tensors.values(), inputs, disjoint=False)
     plans_of(bufs)[key_of(owner, out, lse, config, empty, max_sum)] = plan

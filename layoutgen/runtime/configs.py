@@ -2,10 +2,10 @@
 
 In order: `LAYOUTGEN_CONFIG` (forced, JSON by kernel name), then the tuning database of the tensors'
 device (`LAYOUTGEN_TUNING_DB`, then the packaged `tuning_db/`), then the family's heuristic default.
-The database never raises on this path: a corrupt, foreign or oversized file, a stale entry (another
-spec, kernel source, search space, timing procedure, triton or torch) or a missing shape is reported
-once per reason with a `LayoutgenWarning` and skipped.  Callers cache the result per plan, so all of
-this runs once per shape.
+The database never raises on this path: a corrupt, foreign (holding another device) or oversized file, a
+stale entry (another spec, kernel source, search space, timing procedure, triton or torch), an entry whose
+config the kernel refuses or a missing shape is reported once per reason with a `LayoutgenWarning` and
+skipped.  Callers cache the result per plan, so all of this runs once per shape.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def device_name(device: Any) -> str:
     return name
 
 
-def _database(path: Path) -> tuning_db.TuningDatabase | None:
+def _database(path: Path, device: str) -> tuning_db.TuningDatabase | None:
+    """The database at `path` (read once), or None (warned) where it is missing, unusable or not `device`'s."""
     if path in _databases:
         return _databases[path]
     database: tuning_db.TuningDatabase | None = None
@@ -105,6 +106,15 @@ def _database(path: Path) -> tuning_db.TuningDatabase | None:
             warn_once(("corrupt", path), f"ignoring the tuning database: {error}")
         except (MemoryError, RecursionError) as error:  # dispatch must never raise because of a database
             warn_once(("corrupt", path), f"ignoring the tuning database {path}: {type(error).__name__}")
+    if database is not None and database.device_name != device:
+        # Its entries were measured on other hardware: as `record` refuses to add to it, dispatch does not use it.
+        warn_once(
+            ("foreign", path),
+            f"ignoring the tuning database {path}: it holds device {database.device_name!r}, not the running "
+            f"{device!r} (`layoutgen db check` fails on it); move it to "
+            f"{tuning_db.device_file_name(database.device_name)} or correct its device_name",
+        )
+        database = None
     index: dict[tuple[Any, ...], dict[int, tuning_db.TuningEntry]] = {}
     if database is not None:
         for entry in database.entries.values():
@@ -129,8 +139,18 @@ def expected_for(kernel: KernelDecl, spec_hash: str, source_hash: str) -> tuning
     return expected
 
 
+def entry_config(entry: tuning_db.TuningEntry, kernel: KernelDecl, spec: Any) -> LaunchConfig:
+    """The launch config `entry` holds, refused where dispatch refuses it: TypeError or ValueError naming the
+    problem where its type rejects the fields (an unknown one, num_warps 3) or, given `spec` (None: not
+    checked), the kernel cannot run it at the entry's shape (a dim block splitting an fp8 spec's scale blocks)."""
+    config = kernel.config_type.from_dict(entry.config)
+    if spec is not None:
+        config.check_problem(spec, dict(entry.key.extents))
+    return config
+
+
 def _config_from_entry(
-    entry: tuning_db.TuningEntry, path: Path, kernel: KernelDecl, expected: tuning_db.Expected
+    entry: tuning_db.TuningEntry, path: Path, kernel: KernelDecl, expected: tuning_db.Expected, spec: Any
 ) -> LaunchConfig | None:
     name = entry.key.as_str()
     problems = current_problems(entry, expected)
@@ -142,9 +162,13 @@ def _config_from_entry(
         )
         return None
     try:
-        return kernel.config_type.from_dict(entry.config)
+        return entry_config(entry, kernel, spec)
     except (TypeError, ValueError) as error:
-        warn_once(("bad-config", path, name), f"ignoring tuning entry {name!r} in {path}: {error}")
+        warn_once(
+            ("bad-config", path, name),
+            f"ignoring tuning entry {name!r} in {path}: {error}; using the heuristic default (correct the entry's "
+            "config or re-tune it with `layoutgen tune`)",
+        )
         return None
 
 
@@ -172,8 +196,10 @@ def tuned_config(
     dtype: str,
     size: int,
     expected: tuning_db.Expected,
+    spec: Any = None,
 ) -> LaunchConfig | None:
-    """The tuned config for this shape from the first database that has a current one, else None (warned)."""
+    """The tuned config for this shape from the first database that has a current one, else None (warned).
+    `spec`: the spec object, whose problem rules (`LaunchConfig.check_problem`) a tuned config must pass."""
     try:
         name = device_name(device)
         file_name = tuning_db.device_file_name(name)
@@ -186,14 +212,14 @@ def tuned_config(
     skipped_entry = False  # a stale or invalid entry was already reported: no second warning for this call
     for directory in dirs:
         path = directory / file_name
-        if _database(path) is None:
+        if _database(path, name) is None:
             continue
         found_file = True
         buckets = _indexes[path].get(group)
         if not buckets:
             continue
         entry = buckets[tuning_db.pick_bucket(size, buckets)]
-        config = _config_from_entry(entry, path, kernel, expected)
+        config = _config_from_entry(entry, path, kernel, expected, spec)
         if config is not None:
             return config
         skipped_entry = True
@@ -291,14 +317,20 @@ def resolve_config(
     spec_hash: str,
     source_hash: str,
     default: Callable[[], LaunchConfig],
+    spec: Any = None,
 ) -> LaunchConfig:
-    """The config for `config=None`: forced, else tuned, else the family's heuristic default."""
+    """The config for `config=None`: forced, else tuned, else the family's heuristic default.  Given `spec`, a
+    forced or tuned config must also pass its problem rules (`LaunchConfig.check_problem`): a forced one that
+    fails raises, a tuned one is skipped with a warning."""
     forced = forced_fields(kernel)
     if forced is not None:
         try:
-            return kernel.config_type.from_dict({**default().as_dict(), **forced})
+            config = kernel.config_type.from_dict({**default().as_dict(), **forced})
+            if spec is not None:
+                config.check_problem(spec, extents)
         except (TypeError, ValueError) as error:
             raise ValueError(f"{CONFIG.name} forces an invalid {kernel.name} config: {error}") from None
+        return config
     expected = expected_for(kernel, spec_hash, source_hash)
-    tuned = tuned_config(family, spec_name, kernel, device, extents, dtype, size, expected)
+    tuned = tuned_config(family, spec_name, kernel, device, extents, dtype, size, expected, spec)
     return tuned if tuned is not None else default()

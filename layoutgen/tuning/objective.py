@@ -13,9 +13,10 @@ does right after the kernel before it wrote it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -119,8 +120,31 @@ class Workload(ABC):
 
 
 def _describe_error(error: BaseException) -> str:
+    """The error's type and last line, or its repr where it has no message (a reason is never empty)."""
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[-1] if text else ''}"[:500]
+    return (f"{type(error).__name__}: {text[-1]}" if text else repr(error))[:500]
+
+
+class SizeTooLarge(RuntimeError):
+    """A size bucket whose buffers the device cannot allocate; the message names the bucket and the fix."""
+
+
+@contextlib.contextmanager
+def naming_the_size(problem: Problem, bucket: int) -> Iterator[None]:
+    """Raise an allocation failure as SizeTooLarge naming the bucket: it is no candidate's fault, and every
+    config of that size would fail alike."""
+    import torch
+
+    try:
+        yield
+    except (MemoryError, RuntimeError) as error:
+        if not isinstance(error, (MemoryError, torch.OutOfMemoryError)) and "can't allocate memory" not in str(error):
+            raise
+        raise SizeTooLarge(
+            f"{problem.label} {problem.family.bucket.name}={bucket}: its buffers cannot be allocated "
+            f"({_describe_error(error)[:200]}); --bucket {bucket} is too large for this device's memory: tune "
+            "smaller sizes"
+        ) from error
 
 
 def _is_candidate_error(error: BaseException) -> bool:

@@ -28,6 +28,11 @@ INTERPRET_TPE_TRIALS = 4
 #: Spaces with at most this many feasible points are searched exhaustively.
 DEFAULT_EXHAUSTIVE_LIMIT = 64
 INTERPRET_EXHAUSTIVE_LIMIT = 8
+#: The largest size bucket a run takes: 2**31-1 rows (tokens), above any real batch or sequence shard.  A larger
+#: value is a typo; one near it cannot be allocated anyway (the search then names the bucket).
+MAX_BUCKET = 2**31 - 1
+#: How many reasons a grid that no spec can hold names (each names its point).
+SHOWN_REASONS = 3
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class TuneOptions:
     retune: bool = False
     #: Study names this run leaves alone (decided in the database); set by `runner.run`.
     skip: tuple[str, ...] = ()
+    #: (study name, the study this run searches instead): a --retune's fresh studies; set by `runner.run`.
+    renamed: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -69,6 +76,7 @@ class TuneOptions:
         for name in ("specs", "kernels", "dtypes", "buckets", "skip"):
             data[name] = tuple(data[name])
         data["grid"] = tuple((name, tuple(values)) for name, values in data["grid"])
+        data["renamed"] = tuple((name, fresh) for name, fresh in data["renamed"])
         return cls(**data)
 
 
@@ -117,14 +125,23 @@ def make_targets(options: TuneOptions) -> list[Any]:
 
     Raises ValueError for a kernel, grid axis or dtype that none of the specs' families has, for a spec named
     with --spec that has none of the --kernel kernels, and for two specs with one name (their studies and
-    database entries would collide)."""
+    database entries would collide), among them a spec file or module that takes a bundled spec's name with
+    another layout, and for a bucket above MAX_BUCKET."""
     from layoutgen.tuning.objective import Target
 
+    too_large = [bucket for bucket in options.buckets if bucket > MAX_BUCKET]
+    if too_large:
+        raise ValueError(
+            f"--bucket {too_large[0]}: sizes are at most {MAX_BUCKET} (2**31-1 rows or tokens, more than any real "
+            "batch); tune the sizes you serve"
+        )
     given = dict(options.grid)
     targets: list[Any] = []
     seen: dict[str, Path] = {}
     kernels_used: set[str] = set()
     axes_used: set[str] = set()
+    #: Why points were left out ("spec at N=3 H=16 D=512 bfloat16: ..."), for a grid where none is left.
+    left_out: dict[str, None] = {}
     for source in spec_sources(options):
         module = load_module(source)
         spec = module.SPEC
@@ -133,6 +150,7 @@ def make_targets(options: TuneOptions) -> list[Any]:
         if spec.name in seen and seen[spec.name] != origin:
             raise ValueError(f"--spec {seen[spec.name]} and {source} both name a spec {spec.name!r}; rename one")
         seen[spec.name] = origin
+        _check_not_a_bundled_name(source, origin, spec.name, str(module.SPEC_HASH))
         family = get_family(spec.family)
         axes_used |= {axis.name for axis in family.grid_axes}
         for dtype in options.dtypes:
@@ -152,8 +170,11 @@ def make_targets(options: TuneOptions) -> list[Any]:
             for point in points:
                 for dtype in options.dtypes or family.default_dtypes:
                     key = family.key_shapes(spec, kernel, point, dtype)
-                    if key is None:
-                        continue  # the spec cannot hold this shape (e.g. H not divisible by N)
+                    if key is None:  # the spec cannot hold this shape (e.g. H not divisible by N)
+                        why = family.shape_problem(spec, kernel, point, dtype) or "the spec cannot hold it"
+                        shape = " ".join(f"{name}={value}" for name, value in point.items())
+                        left_out.setdefault(f"{spec.name} at {shape} {dtype}: {why}")
+                        continue
                     problem = Problem(spec, kernel, tuple(key.items()), dtype)
                     found.setdefault((kernel, problem.extents, dtype), Target(problem, module))
         targets += found.values()
@@ -168,11 +189,32 @@ def make_targets(options: TuneOptions) -> list[Any]:
         )
     if not targets:
         asked = " ".join(f"{name}={','.join(map(str, values))}" for name, values in given.items()) or "the default grid"
+        reasons = list(left_out)
+        more = f"; and {len(reasons) - SHOWN_REASONS} more" if len(reasons) > SHOWN_REASONS else ""
         raise ValueError(
-            f"no study to plan: the selected specs can lay out no point of {asked} (e.g. a head count not "
-            "divisible by N); give shapes they hold (see `layoutgen families` for each family's grid)"
+            f"no study to plan: the selected specs can lay out no point of {asked} "
+            f"({'; '.join(reasons[:SHOWN_REASONS])}{more}); give shapes they hold (see `layoutgen families` for "
+            "each family's grid)"
         )
     return targets
+
+
+def _check_not_a_bundled_name(source: str, origin: Path, name: str, spec_hash: str) -> None:
+    """Refuse a spec file or module named like a bundled spec but laid out otherwise (ValueError): database
+    keys hold the spec's name, so its decisions would replace the bundled spec's entries (in the checkout's
+    tuning_db/ by default).  A copy of the bundled spec (the same layout) is that spec, and stays allowed."""
+    from layoutgen.spec import bundled_spec_paths, load_spec
+
+    bundled = next((path for path in bundled_spec_paths() if path.stem == name), None)
+    if bundled is None or origin == bundled.resolve():
+        return
+    bundled_hash = load_spec(bundled).layout_hash()
+    if spec_hash != bundled_hash:
+        raise ValueError(
+            f"--spec {source}: its name {name!r} is a bundled spec's, but its layout is not that spec's (spec hash "
+            f"{spec_hash[:12]}, the bundled one's {bundled_hash[:12]}): its decisions would replace the bundled "
+            f"spec's entries in the tuning database; give it a name of its own (`name:` in the spec)"
+        )
 
 
 def target_buckets(options: TuneOptions, target: Any) -> list[int]:
@@ -236,6 +278,13 @@ def study_name(device_name: str, target: Any, bucket: int) -> str:
     versions = "-".join(f"{name}{current.versions[name]}" for name in ("triton", "torch"))
     hashes = "|".join(h[:12] for h in (current.spec_hash, current.source_hash, current.space_hash, current.timing_hash))
     return f"layoutgen|{device}|{versions}|{hashes}|{p.key(bucket).as_str()}"
+
+
+def run_study_name(options: TuneOptions, device_name: str, target: Any, bucket: int) -> str:
+    """The study this run searches for (target, bucket): `study_name`, or the fresh study of a --retune
+    (`TuneOptions.renamed`)."""
+    name = study_name(device_name, target, bucket)
+    return dict(options.renamed).get(name, name)
 
 
 @dataclass(frozen=True)

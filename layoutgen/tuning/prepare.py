@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from layoutgen.config import LaunchConfig
 from layoutgen.tuning.claims import EVALUATED, fail_trial, is_stale, outcome_of, params_key, result_of
 from layoutgen.tuning.objective import Target
-from layoutgen.tuning.plan import SearchPlan, TuneOptions, sampler_seed, search_plan, study_name
+from layoutgen.tuning.plan import SearchPlan, TuneOptions, run_study_name, sampler_seed, search_plan
 from layoutgen.tuning.space import bind
 
 
@@ -62,7 +62,7 @@ def prepare_study(
     `recorded` is the config the tuning database holds for this study (see `plan.database_entries`): a TPE
     study measures it first, with the default, when that config is still a point of today's space.
     """
-    name = study_name(device_name, target, bucket)
+    name = run_study_name(options, device_name, target, bucket)
     plan = search_plan(target.problem, bucket, options)
     meta = study_meta(target, bucket, plan, device_name)
     study = optuna.create_study(storage=storage, study_name=name, direction="minimize", load_if_exists=True)
@@ -98,3 +98,24 @@ def prepare_study(
             study.enqueue_trial(params, user_attrs={"seed": source})
             waiting.add(key)
     return name, meta
+
+
+def retune_study(storage: Any, name: str, decided: bool) -> str:
+    """The study a --retune searches for the study `name`: where a decision exists (`decided`: the database
+    holds a current one; or the study holds one), the first of `name|retune 1`, `name|retune 2`, ... without a
+    decision, so that the same --retune run again resumes it and a later one starts another, while `name`
+    stays as it is for any worker searching it or reading its decision (Optuna cannot forget a study's trials,
+    and deleting the study would pull it from under them).  `name` itself where nothing is decided yet."""
+
+    def has_decision(study: str) -> bool:
+        try:
+            return bool(storage.get_study_user_attrs(storage.get_study_id_from_name(study)).get("final"))
+        except KeyError:  # no such study yet
+            return False
+
+    if not decided and not has_decision(name):
+        return name
+    generation = 1
+    while has_decision(f"{name}|retune {generation}"):
+        generation += 1
+    return f"{name}|retune {generation}"

@@ -32,10 +32,17 @@ class ResultRow:
     bytes_moved: int | None
     copy_tbps: float | None
     reason: str
+    #: Whether the study holds its decision (False: its search is not finished); decided with `chosen` None,
+    #: no config of it ran.
+    finished: bool = True
 
     @property
     def shape(self) -> str:
         return " ".join(f"{name}={value}" for name, value in self.extents)
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec} {self.kernel} {self.shape} {self.dtype} {self.bucket_name}={self.bucket}"
 
     @property
     def speedup(self) -> float | None:
@@ -57,6 +64,7 @@ class ResultRow:
 
     @classmethod
     def from_study(cls, meta: dict[str, Any], final: dict[str, Any] | None, evaluated: int) -> ResultRow:
+        finished = bool(final)
         final = final or {}
         return cls(
             spec=meta["spec"],
@@ -73,6 +81,7 @@ class ResultRow:
             bytes_moved=final.get("bytes_moved"),
             copy_tbps=final.get("copy_tbps"),
             reason=str(final.get("reason", "not finished: re-run the same command to resume")),
+            finished=finished,
         )
 
 
@@ -120,7 +129,7 @@ def row_cells(row: ResultRow) -> dict[str, str]:
         "speed-up": _number(row.speedup, 2, "x"),
         "TB/s": _number(row.tbps, 2),
         "% copy": "-" if fraction is None else f"{100 * fraction:.0f}%",
-        "kept": row.chosen or "nothing",
+        "kept": row.chosen or ("none ran" if row.finished else "nothing"),
     }
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from layoutgen.tuning.claims import EVALUATED
-from layoutgen.tuning.plan import expected, study_name
+from layoutgen.tuning.plan import TuneOptions, expected, run_study_name
 from layoutgen.tuning.report import ResultRow
 
 
@@ -25,7 +25,12 @@ def study_state(storage: Any, name: str) -> tuple[dict[str, Any], dict[str, Any]
 
 
 def collect(
-    storage: Any, names: list[str], targets: list[Any], device_name: str, buckets_of: Callable[[Any], list[int]]
+    storage: Any,
+    names: list[str],
+    targets: list[Any],
+    options: TuneOptions,
+    device_name: str,
+    buckets_of: Callable[[Any], list[int]],
 ) -> tuple[list[ResultRow], list[Any]]:
     """Result rows for every study in `names` and database entries for every decided one."""
     from layoutgen.tuning_db import TuningEntry
@@ -35,7 +40,7 @@ def collect(
     for target in targets:
         current = expected(target)
         for bucket in buckets_of(target):
-            name = study_name(device_name, target, bucket)
+            name = run_study_name(options, device_name, target, bucket)
             if name not in wanted:
                 continue
             meta, final, evaluated, _ = study_state(storage, name)

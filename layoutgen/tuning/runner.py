@@ -46,6 +46,8 @@ class RunSummary:
     unfinished: int
     worker_errors: list[str] = field(default_factory=list)
     interrupted: bool = False
+    #: "label: reason" of every study decided with no config that ran (no entry written).
+    undecidable: list[str] = field(default_factory=list)
 
 
 def visible_gpus() -> list[str]:
@@ -131,7 +133,7 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     import optuna
 
     from layoutgen.tuning.context import device_identity
-    from layoutgen.tuning.prepare import prepare_study
+    from layoutgen.tuning.prepare import prepare_study, retune_study
     from layoutgen.tuning.worker import run_worker
 
     if options.report:
@@ -148,8 +150,8 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
 
     total = sum(len(buckets_of(target)) for target in targets)
     held = database_entries(options.db_dir, device_name, targets, options) if options.db_dir is not None else {}
+    current, retimed, searched_less = held_decisions(held, options)
     if not options.retune:
-        current, retimed, searched_less = held_decisions(held, options)
         if current:
             options = dataclasses.replace(options, skip=tuple(current))
             console.print(
@@ -171,6 +173,15 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 markup=False,
             )
     storage = open_storage(options.storage)
+    if options.retune:
+        renamed = []
+        for target in targets:
+            for bucket in buckets_of(target):
+                name = study_name(device_name, target, bucket)
+                fresh = retune_study(storage, name, name in current)
+                if fresh != name:
+                    renamed.append((name, fresh))
+        options = dataclasses.replace(options, renamed=tuple(renamed))
     names = []
     skip = set(options.skip)
     with console.status(f"preparing {total} studies in {escape(describe_storage(options.storage))}"):
@@ -180,8 +191,7 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 if name in skip:
                     continue
                 recorded = held[name][2].config if name in held else None
-                prepare_study(storage, options, device_name, target, bucket, recorded)
-                names.append(name)
+                names.append(prepare_study(storage, options, device_name, target, bucket, recorded)[0])
     if not names:
         console.print("nothing to tune: every study of this run is decided in the database", markup=False)
         return RunSummary([], device_name, None, 0, 0)
@@ -206,7 +216,7 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 gate_failures, worker_errors = _run_workers(options, storage, names, reporter)
     except KeyboardInterrupt:
         interrupted = True
-    rows, entries = collect(storage, names, targets, device_name, buckets_of)
+    rows, entries = collect(storage, names, targets, options, device_name, buckets_of)
     db_path = None
     if entries and options.db_dir is not None:
         from layoutgen.tuning_db import read_database, record, smallest_buckets
@@ -251,8 +261,9 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 'the final interleaved re-timing with the default; "kept" says which config the database holds.',
             ]
         write_report(Path(options.report), markdown(rows, header, timed=timed) + "\n")
-    unfinished = sum(1 for row in rows if row.chosen is None)
-    return RunSummary(rows, device_name, db_path, gate_failures, unfinished, worker_errors, interrupted)
+    unfinished = sum(1 for row in rows if not row.finished)
+    undecidable = [f"{row.label}: {row.reason}" for row in rows if row.finished and row.chosen is None]
+    return RunSummary(rows, device_name, db_path, gate_failures, unfinished, worker_errors, interrupted, undecidable)
 
 
 def write_report(path: Path, text: str) -> None:

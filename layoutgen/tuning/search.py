@@ -6,7 +6,8 @@ on a process pool while the GPU times others; a new best is enqueued into the ne
 studies.  TPE is multivariate with the constant liar (in-flight trials count as bad), so parallel trials
 spread out.  A config already measured in the study is not re-timed: the trial copies the stored value.
 Trials are claimed in storage (`claims`), so workers sharing a study (`--workers`, PostgreSQL) do not
-time the same config twice.  When a study's budget is spent, `decision.decide` settles it.
+time the same config twice.  When a study's budget is spent, `decision.decide` settles it; a worker that can
+ask no more of a study another worker still measures waits for those trials (`others_running`) to decide it too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from layoutgen.config import LaunchConfig
 from layoutgen.tuning.claims import (
     EVALUATED,
     FINALIZE_POLL_S,
+    STALE_AFTER_S,
     FinalizeClaim,
     claim_order,
     fail_trial,
@@ -35,8 +37,8 @@ from layoutgen.tuning.claims import (
 from layoutgen.tuning.compile import CompileError
 from layoutgen.tuning.context import Context
 from layoutgen.tuning.decision import decide
-from layoutgen.tuning.objective import Measurement, Target, Workload, evaluate
-from layoutgen.tuning.plan import sampler_seed, study_name
+from layoutgen.tuning.objective import Measurement, Target, Workload, evaluate, naming_the_size
+from layoutgen.tuning.plan import run_study_name, sampler_seed
 from layoutgen.tuning.prepare import make_sampler
 from layoutgen.tuning.space import BoundSpace, bind
 
@@ -46,6 +48,9 @@ GIVE_UP_FACTOR = 1.5
 SLOW_FIRST_LAUNCH_S = 0.25
 #: Asks per study that produced nothing new (infeasible points, repeats) before the search gives up.
 MAX_IDLE_ASKS = 64
+#: How often a worker with nothing to measure looks again at the trials it waits for: a deferred twin's, or
+#: another worker's in a study it can ask no more of.
+WAIT_POLL_S = 0.2
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -82,7 +87,7 @@ class BucketSearch:
         self.target = target
         self.bucket = bucket
         self.deadline = deadline
-        self.name = study_name(ctx.device_name, target, bucket)
+        self.name = run_study_name(ctx.options, ctx.device_name, target, bucket)
         self.study = optuna.load_study(study_name=self.name, storage=ctx.storage)
         self.meta: dict[str, Any] = self.study.user_attrs["layoutgen"]
         self.study.sampler = make_sampler(self.name, ctx.options, self.meta["budget"])
@@ -296,6 +301,29 @@ class BucketSearch:
         self.inflight.clear()
         self.deferred.clear()
 
+    def others_running(self) -> bool:
+        """Whether another worker (of this run, or a tuner sharing the storage) still measures trials of this
+        undecided study: this one waits for them and decides the study with their results, rather than leave
+        it undecided.  A trial whose worker is gone (`claims.is_stale`) is failed and, in an exhaustive study,
+        its config enqueued again; one claimed over STALE_AFTER_S ago is not waited for (its worker hangs)."""
+        if self.is_final():
+            return False
+        now, waiting = time.time(), False
+        for trial in self.trials():
+            if trial.state != TrialState.RUNNING:
+                continue
+            if is_stale(trial, now):
+                fail_trial(
+                    self.study, trial.number, "interrupted", "its worker is gone", result_of(trial).get("config")
+                )
+                params = trial.params or trial.system_attrs.get("fixed_params")
+                if self.exhaustive and params:
+                    self.study.enqueue_trial(params, user_attrs={"seed": "exhaustive"})
+                waiting = True  # room reopened: this worker measures it
+            elif now - claim_order(trial)[0] < STALE_AFTER_S:
+                waiting = True
+        return waiting
+
     # -- finalize --------------------------------------------------------------------------------
     def finalizable(self) -> bool:
         trials = self.trials()
@@ -321,7 +349,8 @@ class BucketSearch:
             time.sleep(FINALIZE_POLL_S)
         try:
             # Again under the claim: another worker may have stored the decision since this one looked.
-            final = decide(self) if self.finalizable() else self.study.user_attrs.get("final")
+            with naming_the_size(self.target.problem, self.bucket):
+                final = decide(self) if self.finalizable() else self.study.user_attrs.get("final")
         except BaseException:
             with contextlib.suppress(Exception):  # the storage may be what failed: the claim goes stale with us
                 claim.release()
@@ -365,8 +394,10 @@ def search_family(ctx: Context, target: Target, buckets: list[int], deadline: fl
                     refill(search)
                 if queue:
                     continue
-                if any(search.deferred for search in active):
-                    time.sleep(0.2)
+                # Every study looked at (stale trials failed), not just up to the first that waits.
+                others = [search for search in active if search.others_running()]
+                if others or any(search.deferred for search in active):
+                    time.sleep(WAIT_POLL_S)
                     continue
                 break
             pending = next((item for item in queue if item.ready()), queue[0])
@@ -374,7 +405,8 @@ def search_family(ctx: Context, target: Target, buckets: list[int], deadline: fl
             search = pending.search
             give_up = None if search.best_us is None else GIVE_UP_FACTOR * search.best_us
             seed = sampler_seed(search.name, ctx.options.seed) + pending.trial.number
-            measurement = evaluate(search.workload(), pending.config, pending.compiled, ctx.timer, seed, give_up)
+            with naming_the_size(search.target.problem, search.bucket):
+                measurement = evaluate(search.workload(), pending.config, pending.compiled, ctx.timer, seed, give_up)
             variant = search.workload().compile_job(pending.config).variant
             ctx.trials_evaluated += 1
             ctx.phase_seconds["compile wait"] += measurement.compile_wait_seconds

@@ -12,7 +12,7 @@ import optuna
 
 from layoutgen.tuning.context import Context, QuietReporter, Reporter, make_context, phase_summary
 from layoutgen.tuning.objective import Target
-from layoutgen.tuning.plan import TuneOptions, study_name
+from layoutgen.tuning.plan import TuneOptions, run_study_name, study_name
 from layoutgen.tuning.search import SLOW_FIRST_LAUNCH_S, search_family
 
 #: Exit code of a worker that found a config failing the correctness gate.
@@ -29,8 +29,8 @@ def record_family(ctx: Context, target: Target, buckets: list[int]) -> None:
     from layoutgen.tuning.results import collect
     from layoutgen.tuning_db import record
 
-    names = [study_name(ctx.device_name, target, bucket) for bucket in buckets]
-    _, entries = collect(ctx.storage, names, [target], ctx.device_name, lambda _: buckets)
+    names = [run_study_name(ctx.options, ctx.device_name, target, bucket) for bucket in buckets]
+    _, entries = collect(ctx.storage, names, [target], ctx.options, ctx.device_name, lambda _: buckets)
     if entries:
         record(Path(ctx.options.db_dir), ctx.device_name, ctx.compute_capability, entries)
 

@@ -187,17 +187,29 @@ class UlyssesFamily(Family):
         return points
 
     def key_shapes(self, spec: Any, kernel: str, point: Mapping[str, int], dtype: str) -> dict[str, int] | None:
+        from layoutgen.ulysses.layout import key_extents
+
+        if self.shape_problem(spec, kernel, point, dtype) is not None:
+            return None  # e.g. H not divisible by N
+        return key_extents(spec, kernel, self._point_shape(point, dtype))
+
+    def shape_problem(self, spec: Any, kernel: str, point: Mapping[str, int], dtype: str) -> str | None:
+        from layoutgen.ulysses.layout import check_shape
+
+        try:
+            check_shape(spec, self._point_shape(point, dtype))
+        except (TypeError, ValueError) as error:
+            return str(error)
+        return None
+
+    def _point_shape(self, point: Mapping[str, int], dtype: str) -> Any:
+        """The shape a grid point is checked at: one sequence row (the bucket is the run-time size)."""
         import torch
 
-        from layoutgen.ulysses.layout import Shape, check_shape, key_extents
+        from layoutgen.ulysses.layout import Shape
 
-        N, H, D = point["N"], point["H"], point["D"]
-        shape = Shape(N=N, S_local=1, H=H, H_kv=point.get("H_kv", H), D=D, dtype=getattr(torch, dtype))
-        try:
-            check_shape(spec, shape)
-        except (TypeError, ValueError):
-            return None  # e.g. H not divisible by N
-        return key_extents(spec, kernel, shape)
+        H = point["H"]
+        return Shape(N=point["N"], S_local=1, H=H, H_kv=point.get("H_kv", H), D=point["D"], dtype=getattr(torch, dtype))
 
     def workload(self, target: Any, bucket: int, device: Any, l2_bytes: int) -> Any:
         from layoutgen.ulysses.workload import UlyssesWorkload
