@@ -40,12 +40,13 @@ PYNCCL_SPEC = next(path for path in bundled_spec_paths() if path.stem == "pynccl
 
 
 def run_main(
-    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, width: int = WIDTH
 ) -> tuple[int, str, str]:
-    """`layoutgen ARGS` through the real entry point, in this process: (exit code, stdout, stderr)."""
+    """`layoutgen ARGS` through the real entry point, in this process, on a console `width` columns wide:
+    (exit code, stdout, stderr)."""
     from layoutgen.cli import build, common, db, main, tune
 
-    narrow = Console(width=WIDTH, highlight=False)  # rich reads COLUMNS once, when a console is made
+    narrow = Console(width=width, highlight=False)  # rich reads COLUMNS once, when a console is made
     for module in (common, build, db, tune):
         monkeypatch.setattr(module, "console", narrow)
     monkeypatch.delenv("LAYOUTGEN_DEBUG", raising=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import dcp_key, generated_module, requires_interpreter
+from test_cli_polish import run_main
 
 from layoutgen import tuning_db
 from layoutgen.dcp import FAMILY as DCP_FAMILY
@@ -74,20 +74,8 @@ def run_cli(
     args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[int, str, str]:
     """`layoutgen ARGS` through the real entry point, in this process: (exit code, stdout unwrapped, stderr)."""
-    from rich.console import Console
-
-    from layoutgen.cli import db as cli_db
-    from layoutgen.cli import main
-
-    monkeypatch.setattr(cli_db, "console", Console(width=1000))
-    monkeypatch.setattr(sys, "argv", ["layoutgen", *args])
-    try:
-        main()
-        code: Any = 0  # a command that succeeds returns
-    except SystemExit as exited:
-        code = exited.code
-    out, err = capsys.readouterr()
-    return (code if isinstance(code, int) else 0 if code is None else 1), " ".join(out.split()), err
+    code, out, err = run_main(args, capsys, monkeypatch, width=1000)
+    return code, " ".join(out.split()), err
 
 
 #: Valid for every spec here at (N, H, D), and not the default config there (num_warps 1).

@@ -18,10 +18,11 @@ from typing import Any
 
 import optuna
 import pytest
-from conftest import REPO_ROOT, dcp_grid, requires_interpreter
+from conftest import REPO_ROOT, requires_interpreter
 from optuna.trial import TrialState
 from rich.console import Console
 from test_cli_polish import PYNCCL_SPEC, assert_one_line_error, run_main
+from test_tuning import tiny_options as tuning_tiny_options
 
 from layoutgen import codegen
 from layoutgen.dcp import FAMILY as DCP_FAMILY
@@ -44,20 +45,8 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def tiny_options(tmp_path: Path, **changes: Any) -> plan.TuneOptions:
-    fields: dict[str, Any] = {
-        "specs": ("pynccl_a2a",),
-        "kernels": ("pack",),
-        "grid": dcp_grid(2, 4, 8),
-        "buckets": (1,),
-        "trials": 4,
-        "exhaustive_limit": 8,
-        "storage": str(tmp_path / "studies.journal"),
-        "db_dir": str(tmp_path / "db"),
-        "interpret": True,
-        "workers": 1,
-        "lookahead": 1,
-    }
-    return plan.TuneOptions(**{**fields, **changes})
+    """`test_tuning.tiny_options` with one size bucket."""
+    return tuning_tiny_options(tmp_path, **{"buckets": (1,), **changes})
 
 
 def run_tune(options: plan.TuneOptions) -> runner.RunSummary:
