@@ -106,6 +106,29 @@ def test_empty_shards_contribute_nothing_even_with_nan_payload(spec_name, base, 
     assert combine_error(got[:1, :1], others, float(partial_out[1:, 0, 0].abs().max())) <= 1.0
 
 
+@pytest.mark.parametrize("base", ["e", "2"])
+@pytest.mark.parametrize("spec_name", ["pynccl_a2a", "vllm_a2a"])
+def test_a_non_finite_payload_reaches_the_output_unless_its_share_underflows(spec_name, base, spec_modules, generator):
+    """A live partial's NaN or inf is carried to the output while its float32 share w_i / Σ w is positive
+    (its stat 50 below the largest) and dropped, as an empty partial's, where the share underflows to 0
+    (200 below): the kernels and the reference agree on both sides (the reference used to weigh in
+    float64, where exp(-200) > 0, and carried the NaN the kernels drop)."""
+    dtype, N, B, h, D = torch.float32, 2, 2, 1, 4
+    partial_out, partial_lse = random_partials(N, B, h, D, dtype, generator)
+    partial_lse[0] = 0.0
+    partial_lse[1, 0] = -50.0  # share about 2e-22 (base e) or 9e-16 (base 2): carried
+    partial_lse[1, 1] = -200.0  # share 0 in float32 in either base: dropped
+    partial_out[1, :, :, 1] = NAN
+    partial_out[1, :, :, 2] = INF
+    bufs = receive_buffers(spec_modules[spec_name], partial_out, partial_lse, B, dtype)
+    got, _ = spec_modules[spec_name].combine(bufs, B, lse_base=base)
+    want, _ = reference.combine(bufs, B, base, return_lse=True)
+    assert bool(torch.isnan(got[0, 0, 1])) and bool(torch.isnan(want[0, 0, 1]))
+    assert got[0, 0, 2] == INF and want[0, 0, 2] == INF
+    assert bool(torch.isfinite(got[1]).all()) and bool(torch.isfinite(want[1]).all())
+    assert torch.equal(got[1, 0], partial_out[0, 1, 0]), "a dropped partial leaves the other one alone"
+
+
 @pytest.mark.parametrize("spec_name", ["pynccl_a2a", "flashinfer_mnnvl", "npu_like"])
 def test_large_lse_magnitudes(spec_name, spec_modules, generator):
     dtype, N, B, h, D = torch.float32, 4, 3, 2, 8

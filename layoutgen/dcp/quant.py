@@ -10,7 +10,8 @@ consecutive elements of one row (b, h), on the float32 value x of each element:
   (ties to even): clamping first makes every torch version and Triton's `cvt.rn.satfinite` agree bit for
   bit (torch 2.11 turns e4m3fn overflow into NaN, 2.13 saturates; torch's e5m2 overflows to inf);
 * a non-finite element (NaN, +inf or -inf) is stored as the fp8 code 0x7F (NaN in both formats) and
-  dequantises to NaN: it is carried to the merged output, not hidden, and does not change its block's scale;
+  dequantises to NaN: it is carried to the merged output, not hidden (unless its partial takes no part:
+  empty, or a float32 share of 0, see `reference._float32_share`), and does not change its block's scale;
 * so a block whose largest magnitude is 0 (e.g. the rows of empty requests, written as +0.0) gets scale 1
   and zero codes, and -0.0 stays -0.0 (code 0x80).
 

@@ -15,7 +15,9 @@ The contract (docs/design.md §4.1-§4.3; the project brief's §8.3):
 * combine merges the N partials in float64: an entry whose LSE (or max) is NaN
   or +inf, or whose sum is NaN, <= 0 or +inf, is empty; `w_i = s_i * exp(m_i - M)`
   (`exp2` in base 2, s_i = 1 for the lse form); an empty partial contributes
-  nothing whatever its payload; all empty gives 0 and LSE -inf; `scale`
+  nothing whatever its payload, and so does one whose share `w_i / Σ w`
+  underflows to 0 in float32, the kernels' arithmetic (a stat about 104 or
+  more below the largest, base e); all empty gives 0 and LSE -inf; `scale`
   multiplies the merged output.
 * fp8 specs (`layoutgen.dcp.quant`): pack quantises each row's payload per block of
   `scale_block` elements (the rows of empty requests as +0.0: scale 1, zero codes) and
@@ -136,12 +138,22 @@ def _merge(
     all_empty = top == -INF
     shifted = maximum - torch.where(all_empty, 0.0, top)
     weight = total * (torch.exp2(shifted) if lse_base == "2" else torch.exp(shifted))
-    values = torch.where(weight[..., None] > 0, partial_out.to(torch.float64), 0.0)
+    values = torch.where(_float32_share(shifted, total, lse_base)[..., None] > 0, partial_out.to(torch.float64), 0.0)
     weight_sum = weight.sum(dim=0)
     merged = (weight[..., None] * values).sum(dim=0) / torch.where(all_empty, 1.0, weight_sum)[..., None]
     log_sum = torch.log2(weight_sum) if lse_base == "2" else torch.log(weight_sum)
     merged_lse = torch.where(all_empty, -INF, top + log_sum)
     return torch.where(all_empty[..., None], 0.0, merged) * scale, merged_lse
+
+
+def _float32_share(shifted: torch.Tensor, total: torch.Tensor, lse_base: str) -> torch.Tensor:
+    """Each partial's share `w_i / Σ w` in float32, as the kernels compute it (`w_i = s_i * exp(m_i - M)`,
+    then times `1 / Σ w`): a partial whose share underflows to 0 (its stat about 104 or more below M in
+    base e, 149 in base 2) contributes nothing, like an empty one, whatever its payload."""
+    shifted32, total32 = shifted.to(torch.float32), total.to(torch.float32)
+    weight = total32 * (torch.exp2(shifted32) if lse_base == "2" else torch.exp(shifted32))
+    weight_sum = weight.sum(dim=0)
+    return weight * (1.0 / torch.where(weight_sum > 0, weight_sum, 1.0))
 
 
 def merge_partials(
