@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -345,3 +346,25 @@ def compile_offline_in_subprocess(specs: Sequence[str]) -> subprocess.CompletedP
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     command = [sys.executable, "-m", "layoutgen.tuning.offline", *specs]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+
+
+@pytest.fixture
+def fresh_dynamo_and_plans() -> None:
+    """A fresh torch.compile state and no cached plans or configs (tests that trace and also call eagerly)."""
+    from layoutgen.runtime import reset_caches
+
+    torch._dynamo.reset()
+    reset_caches()
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A gloo group of this process alone, for the exchange objects (destroyed after the test)."""
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as directory:
+        dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

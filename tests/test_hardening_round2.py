@@ -1318,7 +1318,9 @@ def test_combine_refuses_an_out_overlapping_any_receive_buffer_and_writes_nothin
     module = layoutgen.load("vllm_a2a")
     bufs, allocation, offsets = _buffers_in_one_allocation(module, generator)
     before = allocation.clone()
-    with pytest.raises(ValueError, match=r"out must not overlap the buffers it reads: it shares memory with"):
+    with pytest.raises(
+        ValueError, match=r"out must not overlap the buffers it reads: it (shares memory with|may overlap)"
+    ):
         module.combine(bufs, B9, out=_out_at(allocation, place(offsets)))
     assert torch.equal(allocation, before)
 

@@ -4,41 +4,24 @@ custom ops' real implementations run the kernels)."""
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from conftest import fill_bytes, requires_interpreter
 
 import layoutgen
 from layoutgen.dcp import combine_plan, pack_plan, reference
-from layoutgen.runtime import reset_caches
 from layoutgen.ulysses.distributed import UlyssesExchange
 
-pytestmark = [requires_interpreter, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+pytestmark = [
+    requires_interpreter,
+    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+    pytest.mark.usefixtures("fresh_dynamo_and_plans"),
+]
 
 N, B_MAX, H, D = 2, 4, 8, 16
-
-
-@pytest.fixture(autouse=True)
-def fresh() -> None:
-    torch._dynamo.reset()
-    reset_caches()
-
-
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    """A gloo group of this process alone, for the exchange objects (destroyed after the test)."""
-    with tempfile.TemporaryDirectory() as directory:
-        dist.init_process_group("gloo", init_method=f"file://{directory}/store", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def partials(B: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -353,7 +353,7 @@ def test_the_tests_named_in_the_guarantees_exist_and_are_expected_to_pass() -> N
     section = readme_text().split("## Guarantees", 1)[1].split("\n## ", 1)[0]
     named: list[tuple[str, str]] = []
     current = None
-    for file_name, test_name in re.findall(r"`(test_\w+\.py)?::(test_\w+)`", section):
+    for file_name, test_name in re.findall(r"`((?:\w+/)?test_\w+\.py)?::(test_\w+)`", section):
         current = file_name or current
         assert current is not None, f"::{test_name} names no file"
         named.append((current, test_name))

@@ -13,7 +13,7 @@ import torch
 
 from layoutgen.dcp.layout import LayoutBuffers, buffer_shapes
 from layoutgen.dcp.spec import DcpSpec
-from layoutgen.runtime.tensors import describe, overlap, overlaps_itself
+from layoutgen.runtime.tensors import describe, overlap, overlap_relation, overlaps_itself
 
 
 def check_buffers(spec: DcpSpec, bufs: Any, label: str = "bufs") -> LayoutBuffers:
@@ -134,7 +134,7 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
             for name, buffer in bufs.tensors.items():
                 if overlap(tensor, buffer):
                     raise ValueError(
-                        f"{label} must not share memory with the buffers pack writes: it overlaps "
+                        f"{label} must not overlap the buffers pack writes: it {overlap_relation(tensor, buffer)} "
                         f"bufs.tensors[{name!r}] ({describe(buffer)}); got {describe(tensor)}. Pack from a tensor "
                         f"of its own (e.g. {label.split(' ')[0]}.clone())"
                     )
@@ -157,6 +157,17 @@ def refuse_gradients(out: Any, lse: Any, max_sum: Any) -> None:
                 f"pack: {name} requires grad, and layoutgen's kernels do not propagate gradients (inference "
                 f"only): call under torch.no_grad() or torch.inference_mode(), or pass {name}.detach()"
             )
+
+
+def refuse_out_gradient(function: str, name: str) -> None:
+    """An output written in place that requires grad, in grad mode: the write is invisible to autograd, so a
+    gradient through it would be wrong without a word (torch refuses out= arguments that require grad too)."""
+    raise RuntimeError(
+        f"{function}: {name} requires grad, but {function} writes {name} in place through its kernel, which "
+        "autograd does not record (layoutgen's kernels do not propagate gradients; torch's out= functions refuse "
+        f"such tensors too): pass {name}.detach() (or a tensor that does not require grad), or call under "
+        "torch.no_grad() or torch.inference_mode()"
+    )
 
 
 def check_scale_type(scale: Any) -> None:
@@ -206,6 +217,6 @@ def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any
         for name, tensor in bufs.tensors.items():
             if overlap(out, tensor):
                 raise ValueError(
-                    f"out must not overlap the buffers it reads: it shares memory with bufs.tensors[{name!r}] "
+                    f"out must not overlap the buffers it reads: it {overlap_relation(out, tensor)} bufs.tensors[{name!r}] "
                     f"({describe(tensor)}); got {describe(out)}. Pass a separate tensor, or out=None"
                 )

@@ -21,16 +21,22 @@ from typing import Any
 
 import torch
 
-from layoutgen.dcp.checks import check_combine_scalars, check_scale
+from layoutgen.dcp.checks import check_combine_scalars, check_scale, refuse_out_gradient
 from layoutgen.dcp.exchange_inputs import check_call_inputs
 from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
 from layoutgen.dcp.plans import remember_buffers
 from layoutgen.dcp.spec import Transport
 from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn
-from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
+from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
 from layoutgen.runtime.tensors import positive_int, required_device
 
 _LSE_BASES = ("e", "2")
+
+
+def _agreement_fields(layout: str | None, B_max: Any, H: Any, D: Any, dtype: Any, lse_base: Any) -> dict[str, Any]:
+    """What every rank's DcpExchange must agree on; the raw arguments on a rank that refused them."""
+    return {"spec layout (sha256 prefix)": layout, "B_max": B_max, "H": H, "D": D, "dtype": dtype,
+            "lse_base": lse_base}  # fmt: skip
 
 
 class DcpExchange:
@@ -40,7 +46,8 @@ class DcpExchange:
         spec: a bundled spec name (``"pynccl_a2a"``), a generated module (``layoutgen.load(...)``)
             or the path of a generated ``.py``.
         group: the DCP process group (``None``: the default group). Its size is N, the number of
-            KV shards; every rank must construct the exchange with the same arguments.
+            KV shards; every rank must construct the exchange with the same arguments (one all_gather
+            checks them: a rank whose arguments are refused raises its error, every other rank one naming it).
         B_max: the most query rows (sequences) one call may carry.
         H, D: heads of ``out`` (all of them, divisible by N) and the head dimension.
         dtype, device: of ``out``; the buffers live on ``device``.
@@ -73,6 +80,34 @@ class DcpExchange:
         lse_base: str = "e",
         exchange_fn: ExchangeFn | None = None,
     ) -> None:
+        self.group = group
+        try:
+            self._build(spec, B_max, H, D, dtype, device, lse_base, exchange_fn)
+        except Exception:
+            # Its peers are (or will be) in the agreement all_gather: this rank takes part, marked refused.
+            module = getattr(self, "module", None)
+            layout = None if module is None else module.SPEC.layout_hash()
+            fields = _agreement_fields(layout, B_max, H, D, dtype, lse_base)
+            tell_peers_of_refusal(fields, group, device, "DcpExchange")
+            raise
+        if self.world_size > 1:
+            # One all_gather: a rank built with other arguments would otherwise hang or exchange garbage on the
+            # first call.
+            fields = _agreement_fields(self.spec.layout_hash(), self.B_max, self.H, self.D, dtype, lse_base)
+            check_ranks_agree(fields, group, self.device, "DcpExchange")
+
+    def _build(
+        self,
+        spec: Any,
+        B_max: int,
+        H: int,
+        D: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        lse_base: str,
+        exchange_fn: ExchangeFn | None,
+    ) -> None:
+        """Every check of this rank's arguments, and the buffers' allocation."""
         self.module = generated_module(spec, "dcp", ("alloc", "pack", "combine"), "DcpExchange")
         self.spec = self.module.SPEC
         check_exchange_fn(
@@ -92,8 +127,7 @@ class DcpExchange:
         self.device = required_device(device, "DcpExchange")
         self.lse_base = lse_base
         self.exchange_fn = exchange_fn
-        self.group = group
-        self.rank, self.world_size = join_group(group, self.device, "DcpExchange", "DCP")
+        self.rank, self.world_size = join_group(self.group, self.device, "DcpExchange", "DCP")
         if self.H % self.world_size:
             raise ValueError(
                 f"H={self.H} heads cannot be split evenly over the group's {self.world_size} ranks; "
@@ -108,20 +142,6 @@ class DcpExchange:
         self.recv: LayoutBuffers = self.send
         if N > 1:
             self.recv = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
-            self._check_peers_agree()
-
-    def _check_peers_agree(self) -> None:
-        """One all_gather at construction: a rank built with other arguments would otherwise hang or
-        exchange garbage on the first call."""
-        fields = {
-            "spec layout (sha256 prefix)": fingerprint(self.spec.layout_hash()),
-            "B_max": self.B_max,
-            "H": self.H,
-            "D": self.D,
-            "dtype": fingerprint(str(self.dtype)),
-            "lse_base": _LSE_BASES.index(self.lse_base),
-        }
-        check_ranks_agree(fields, self.group, self.device, "DcpExchange")
 
     def batch_buffers(self, B: int) -> tuple[LayoutBuffers, LayoutBuffers]:
         """(send, recv) for a B-row call: the spec's dense layout at B_max=B over the static buffers'
@@ -171,6 +191,8 @@ class DcpExchange:
         ``scale`` multiplies the merged output. ``merged_out`` (the result's shape, ``out``'s dtype and
         device) receives the result instead of a new tensor."""
         B, lead = self._check_inputs(out, lse, empty, max_sum, merged_out)
+        if merged_out is not None and torch.is_grad_enabled() and getattr(merged_out, "requires_grad", False) is True:
+            refuse_out_gradient("DcpExchange", "merged_out")  # combine would refuse it, naming its own `out`
         h = self.heads_per_rank
         flat_out = None if merged_out is None else merged_out.view(B, h, self.D)
         if B == 0:

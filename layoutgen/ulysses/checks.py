@@ -11,17 +11,34 @@ from typing import Any
 
 import torch
 
-from layoutgen.runtime.tensors import describe, overlap, overlaps_itself
-from layoutgen.ulysses.layout import KERNEL_DIRECTION, KERNEL_SIDES, UlyssesBuffers, tensor_shape, wire_buffers
+from layoutgen.runtime.tensors import describe, overlap, overlap_relation, overlaps_itself, shares_memory
+from layoutgen.ulysses.layout import (
+    KERNEL_DIRECTION,
+    KERNEL_SIDES,
+    Shape,
+    UlyssesBuffers,
+    check_shape,
+    tensor_shape,
+    wire_buffers,
+)
 from layoutgen.ulysses.spec import UlyssesSpec
 
 _ALLOCATOR = {"to_attention": "alloc()", "from_attention": "alloc_out()"}
 _KERNELS = {"to_attention": "scatter / gather", "from_attention": "scatter_out / gather_out"}
 
 
+def describe_values(values: Any) -> str:
+    """What a caller passed for a sequence of tensors: its type and length, each item's shape, strides, dtype
+    and device (never the values, which a repr would print)."""
+    if not isinstance(values, tuple | list):
+        return type(values).__name__
+    items = [describe(v) if isinstance(v, torch.Tensor) else type(v).__name__ for v in values]
+    return f"a {type(values).__name__} of {len(values)}" + (f": [{'; '.join(items)}]" if items else "")
+
+
 def check_buffers(spec: UlyssesSpec, bufs: Any, direction: str, label: str = "bufs") -> UlyssesBuffers:
-    """`bufs` must come from this spec's `alloc` (to_attention) or `alloc_out` (from_attention) and hold
-    dense tensors of the allocated shapes on one device."""
+    """`bufs` must come from this spec's `alloc` (to_attention) or `alloc_out` (from_attention), or be built
+    alike: a shape the spec can lay out (as `alloc` checks it) and dense tensors of its shapes on one device."""
     if not isinstance(bufs, UlyssesBuffers):
         raise TypeError(
             f"{label} must be the buffers object returned by {_ALLOCATOR[direction]}, got {type(bufs).__name__}"
@@ -36,6 +53,15 @@ def check_buffers(spec: UlyssesSpec, bufs: Any, direction: str, label: str = "bu
             f"{label} hold the {bufs.direction} wire (from {_ALLOCATOR[bufs.direction]}, for "
             f"{_KERNELS[bufs.direction]}); {_KERNELS[direction]} take the buffers of {_ALLOCATOR[direction]}"
         )
+    if not isinstance(bufs.shape, Shape):
+        raise TypeError(f"{label}.shape must be a layoutgen.ulysses.layout.Shape, got {type(bufs.shape).__name__}")
+    try:  # a UlyssesBuffers built directly skips alloc()'s check; heads that do not split would be dropped
+        check_shape(spec, bufs.shape)
+    except (TypeError, ValueError) as error:
+        raise type(error)(
+            f"{label} are sized for a shape spec '{spec.name}' cannot lay out ({error}); build them with "
+            f"{_ALLOCATOR[direction]}, which checks the shape"
+        ) from None
     expected = wire_buffers(spec, direction, bufs.shape)
     if sorted(bufs.tensors) != sorted(b.name for b in expected):
         raise ValueError(f"{label}.tensors must hold {sorted(b.name for b in expected)}, got {sorted(bufs.tensors)}")
@@ -79,7 +105,7 @@ def _check_tensor(kernel: str, label: str, tensor: Any, expected: tuple[int, ...
     for name, buffer in bufs.tensors.items():
         if overlap(tensor, buffer):
             raise ValueError(
-                f"{kernel}: {label} shares memory with bufs.tensors[{name!r}] ({describe(buffer)}); got "
+                f"{kernel}: {label} {overlap_relation(tensor, buffer)} bufs.tensors[{name!r}] ({describe(buffer)}); got "
                 f"{describe(tensor)}. Pass separate tensors"
             )
 
@@ -96,7 +122,7 @@ def check_sources(spec: UlyssesSpec, kernel: str, tensors: Any, bufs: Any) -> Ul
     side = KERNEL_SIDES[kernel][0]
     names = [t.name for t in bufs.tensor_specs]
     if not isinstance(tensors, tuple) or len(tensors) != len(names):
-        raise TypeError(f"{kernel} takes the tensors {names}, got {tensors!r:.200}")
+        raise TypeError(f"{kernel} takes {len(names)} tensor(s) {names}, in this order; got {describe_values(tensors)}")
     for tensor_spec, tensor in zip(bufs.tensor_specs, tensors, strict=True):
         expected = tensor_shape(spec, bufs.shape, tensor_spec, side)
         _check_tensor(kernel, tensor_spec.name, tensor, expected, _side(spec, kernel, side), bufs)
@@ -115,8 +141,7 @@ def check_destinations(spec: UlyssesSpec, kernel: str, bufs: Any, out: Any) -> U
     single = len(names) == 1
     if not isinstance(out, tuple | list) or len(out) != len(names):
         wanted = "a tensor" if single else f"a tuple of {len(names)} tensors ({', '.join(names)})"
-        given = f"a {type(out).__name__} of {len(out)}" if isinstance(out, tuple | list) else type(out).__name__
-        raise TypeError(f"{kernel}: out must be None or {wanted}, got {given}")
+        raise TypeError(f"{kernel}: out must be None or {wanted}, got {describe_values(out)}")
     for position, (tensor_spec, tensor) in enumerate(zip(bufs.tensor_specs, out, strict=True)):
         label = "out" if single else f"out[{position}] ({tensor_spec.name})"
         expected = tensor_shape(spec, bufs.shape, tensor_spec, side)
@@ -126,9 +151,15 @@ def check_destinations(spec: UlyssesSpec, kernel: str, bufs: Any, out: Any) -> U
                 f"{kernel}: {label} must not overlap itself (e.g. an expand()ed view: programs would race to "
                 f"write one element); got {describe(tensor)}"
             )
-        for other in out[:position]:
+        for earlier, other in enumerate(out[:position]):
             if overlap(tensor, other):
+                other_label = f"out[{earlier}] ({bufs.tensor_specs[earlier].name})"
+                if shares_memory(tensor, other):
+                    problem = f"must not share memory; {label} does, with {other_label}"
+                else:
+                    problem = f"must not overlap; {label} {overlap_relation(tensor, other)} {other_label}"
                 raise ValueError(
-                    f"{kernel}: the tensors of out must not share memory; {label} does ({describe(tensor)})"
+                    f"{kernel}: the tensors of out {problem} ({describe(tensor)}; {describe(other)}). Pass "
+                    "separate tensors, or disjoint slices of one"
                 )
     return bufs

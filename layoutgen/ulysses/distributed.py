@@ -20,11 +20,17 @@ from typing import Any
 import torch
 
 from layoutgen.runtime.exchange import ExchangeFn, all_to_all_tensors, check_exchange_fn
-from layoutgen.runtime.groups import check_ranks_agree, fingerprint, generated_module, join_group
+from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
 from layoutgen.runtime.tensors import describe, positive_int, required_device
 from layoutgen.ulysses.dispatch import remember_buffers
 from layoutgen.ulysses.layout import DTYPES, Shape, UlyssesBuffers, check_shape
 from layoutgen.ulysses.spec import HeadCount, Transport, UlyssesSpec
+
+
+def _agreement_fields(layout: str | None, S_max: Any, H: Any, H_kv: Any, D: Any, B: Any, dtype: Any) -> dict[str, Any]:
+    """What every rank's UlyssesExchange must agree on; the raw arguments on a rank that refused them."""
+    return {"spec layout (sha256 prefix)": layout, "S_max": S_max, "H": H, "H_kv": H_kv, "D": D, "B": B,
+            "dtype": dtype}  # fmt: skip
 
 
 class UlyssesExchange:
@@ -34,7 +40,8 @@ class UlyssesExchange:
         spec: a bundled spec name (``"ulysses_qkv_gqa"``), a generated module (``layoutgen.load(...)``) or
             the path of a generated ``.py``.
         group: the sequence-parallel process group (``None``: the default group).  Its size is N; every
-            rank must construct the exchange with the same arguments.
+            rank must construct the exchange with the same arguments (one all_gather checks them: a rank whose
+            arguments are refused raises its error, every other rank one naming it).
         S_max: the most rows one shard may have.
         H, D: heads of H-headed tensors (q, the attention output; divisible by N) and the head dim.
         dtype, device: of the tensors; the buffers live on ``device``.
@@ -65,6 +72,34 @@ class UlyssesExchange:
         B: int = 1,
         exchange_fn: ExchangeFn | None = None,
     ) -> None:
+        self.group = group
+        try:
+            self._build(spec, S_max, H, D, dtype, device, H_kv, B, exchange_fn)
+        except Exception:
+            # Its peers are (or will be) in the agreement all_gather: this rank takes part, marked refused.
+            module = getattr(self, "module", None)
+            layout = None if module is None else module.SPEC.layout_hash()
+            fields = _agreement_fields(layout, S_max, H, H if H_kv is None else H_kv, D, B, dtype)
+            tell_peers_of_refusal(fields, group, device, "UlyssesExchange")
+            raise
+        if self.world_size > 1:
+            shape = self.shape
+            fields = _agreement_fields(self.spec.layout_hash(), S_max, H, shape.H_kv, D, shape.B, dtype)
+            check_ranks_agree(fields, group, self.device, "UlyssesExchange")
+
+    def _build(
+        self,
+        spec: Any,
+        S_max: int,
+        H: int,
+        D: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        H_kv: int | None,
+        B: int,
+        exchange_fn: ExchangeFn | None,
+    ) -> None:
+        """Every check of this rank's arguments, and the buffers' allocation."""
         self.module = generated_module(spec, "ulysses", ("alloc", "alloc_out", "scatter", "gather"), "UlyssesExchange")
         self.spec: UlyssesSpec = self.module.SPEC
         check_exchange_fn(self.spec.name, self.spec.transport is Transport.EXTERNAL, exchange_fn)
@@ -75,10 +110,9 @@ class UlyssesExchange:
         if dtype not in DTYPES:
             raise TypeError(f"dtype must be one of {[str(d) for d in DTYPES]}, got {dtype}")
         self.device = required_device(device, "UlyssesExchange")
-        self.group = group
         self.exchange_fn = exchange_fn
         positive_int("S_max", S_max)
-        self.rank, self.world_size = join_group(group, self.device, "UlyssesExchange", "sequence-parallel")
+        self.rank, self.world_size = join_group(self.group, self.device, "UlyssesExchange", "sequence-parallel")
         self.shape = Shape(N=self.world_size, S_local=S_max, H=H, H_kv=H if H_kv is None else H_kv, D=D, dtype=dtype,
                            B=B)  # fmt: skip
         check_shape(self.spec, self.shape)
@@ -88,21 +122,6 @@ class UlyssesExchange:
             direction: tuple(UlyssesBuffers.allocate(self.spec, direction, self.shape, self.device) for _ in range(2))
             for direction in ("to_attention", "from_attention")
         }
-        if self.world_size > 1:
-            self._check_peers_agree()
-
-    def _check_peers_agree(self) -> None:
-        shape = self.shape
-        fields = {
-            "spec layout (sha256 prefix)": fingerprint(self.spec.layout_hash()),
-            "S_max": shape.S_local,
-            "H": shape.H,
-            "H_kv": shape.H_kv,
-            "D": shape.D,
-            "B": shape.B,
-            "dtype": fingerprint(str(shape.dtype)),
-        }
-        check_ranks_agree(fields, self.group, self.device, "UlyssesExchange")
 
     def buffers(self, direction: str, S_local: int) -> tuple[UlyssesBuffers, UlyssesBuffers]:
         """(send, recv) of `direction` for an S_local-row call: the spec's dense layout at S_local over the

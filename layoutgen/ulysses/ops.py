@@ -13,6 +13,9 @@ calls `module.scatter(...)` / `module.gather(...)`.  Importing `layoutgen.ulysse
 a config's fields in declaration order (`layoutgen.config.config_values`) or [] for the
 dispatched default.  When the tensors are those of a live `alloc()` result the op reuses its cached
 plans; otherwise (e.g. functionalisation handed it copies) it validates and plans again.
+
+The ops declare what they write (`mutates_args`), so torch bumps those tensors' autograd version counters
+itself, as for its own in-place ops (the eager gather the op runs bumps its `out` again: harmless).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from layoutgen.config import config_from_values
 from layoutgen.ulysses.config import CONFIG_TYPES
-from layoutgen.ulysses.dispatch import buffers_from_tensors, dispatcher, shape_from_values
+from layoutgen.ulysses.dispatch import dispatcher, op_buffers
 from layoutgen.ulysses.layout import KERNEL_DIRECTION
 
 
@@ -37,9 +40,7 @@ def _register_scatter(kernel: str) -> Any:
         tensors: list[torch.Tensor], buffers: list[torch.Tensor], module: str, shape: list[int], config: list[int]
     ) -> None:
         owner = dispatcher(module)
-        bufs = buffers_from_tensors(
-            owner.spec, KERNEL_DIRECTION[kernel], buffers, shape_from_values(shape, buffers[0].dtype)
-        )
+        bufs = op_buffers(owner.spec, KERNEL_DIRECTION[kernel], buffers, shape)
         owner.scatter(kernel, tuple(tensors), bufs, _config(kernel, config))
 
     @scatter_op.register_fake
@@ -57,9 +58,7 @@ def _register_gather(kernel: str) -> Any:
         buffers: list[torch.Tensor], out: list[torch.Tensor], module: str, shape: list[int], config: list[int]
     ) -> None:
         owner = dispatcher(module)
-        bufs = buffers_from_tensors(
-            owner.spec, KERNEL_DIRECTION[kernel], buffers, shape_from_values(shape, buffers[0].dtype)
-        )
+        bufs = op_buffers(owner.spec, KERNEL_DIRECTION[kernel], buffers, shape)
         owner.gather(kernel, bufs, tuple(out), _config(kernel, config))
 
     @gather_op.register_fake
