@@ -375,12 +375,14 @@ flag)
 gpu)
     # With pytest-xdist in .whl/, 12 workers share the GPU: the suite is compile-bound (212 s on an H100, 23rd pass).
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
-    timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 \
+    timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py \
+        tests/test_tuning.py::test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool 2>&1 \
         | tee "$out/gpu_tests.log" | tail -4
     ;;
 checkup)
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
-    timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py 2>&1 \
+    timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py \
+        tests/test_tuning.py::test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool 2>&1 \
         | tee "$out/gpu_tests.log" | tail -4
     timeout 90 python3 benchmarks/dispatch_overhead.py --out "$out" 2>&1 | tail -4
     timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check_H200.log" | tail -2

@@ -25,7 +25,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from layoutgen.family import DEFAULT_FAMILY, FAMILY_NAME_PATTERN, content_hash, families, get_family
+from layoutgen.family import (
+    BUILTIN_SCHEMA_DOC,
+    DEFAULT_FAMILY,
+    FAMILY_NAME_PATTERN,
+    UnknownFamilyError,
+    bundled_families,
+    content_hash,
+    families,
+    get_family,
+)
 from layoutgen.files import FileRefused, generated_by_layoutgen, read_bounded
 
 #: Specs larger than this are not layout specs; refusing them bounds parsing work.
@@ -35,8 +44,9 @@ MAX_PROBLEMS_SHOWN = 10
 #: YAML nesting deeper than this is refused before it is built (a spec is ~4 deep; PyYAML composes recursively).
 MAX_YAML_DEPTH = 16
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
-#: Where the schema of every family is written down (error messages point here).
-SCHEMA_DOC = "docs/design.md §3"
+#: Where the schema of the built-in families is written down (a family's `schema_reference()` is what its
+#: spec errors point at; this is the word for a spec whose family is not known yet).
+SCHEMA_DOC = BUILTIN_SCHEMA_DOC
 # Names that Python or pytest import on their own when found on the path, or that Windows treats as
 # devices whatever the extension; importable modules are added by `reserved_names()`.
 _ALWAYS_RESERVED = {"generated", "sitecustomize", "usercustomize", "conftest", "setup", "con", "prn", "aux", "nul"} | {
@@ -142,7 +152,7 @@ class SpecError(ValueError):
 
 
 _FIX_HINTS: dict[str, str] = {
-    "extra_forbidden": f"unknown key; remove it (see {SCHEMA_DOC} for the schema)",
+    "extra_forbidden": "unknown key; remove it (see {schema} for the schema)",
     "missing": "required; add it",
 }
 
@@ -176,7 +186,8 @@ def _shown(text: str, limit: int = 80) -> str:
     return printable if len(printable) <= limit else printable[: limit - 3] + "..."
 
 
-def _problems_from(error: ValidationError) -> list[tuple[str, str]]:
+def _problems_from(error: ValidationError, schema: str) -> list[tuple[str, str]]:
+    """One (field, message) per pydantic error; `schema`: where the spec's family documents its keys."""
     problems = []
     for item in error.errors(include_url=False):
         ctx_error = (item.get("ctx") or {}).get("error")
@@ -184,11 +195,12 @@ def _problems_from(error: ValidationError) -> list[tuple[str, str]]:
             problems.append((ctx_error.field, _shown(ctx_error.message, limit=400)))
             continue
         field = _shown(".".join(str(part) for part in item["loc"])) or "(top level)"
-        message = _FIX_HINTS.get(item["type"], item["msg"].removeprefix("Value error, "))
+        message = _FIX_HINTS[item["type"]].format(schema=schema) if item["type"] in _FIX_HINTS else None
+        message = message or item["msg"].removeprefix("Value error, ")
         if item["type"] in _WANTS_LIST:
             message = f"must be a list ([a, b, c], or one `- item` per line); got {_given(item)}"
         elif item["type"] in _WANTS_MAPPING:
-            message = f"must be a mapping of keys (see {SCHEMA_DOC} for this field's keys); got {_given(item)}"
+            message = f"must be a mapping of keys (see {schema} for this field's keys); got {_given(item)}"
         elif item["type"] in _SAYS_NOT_GIVEN:
             message = f"{message}; got {_given(item)}"
             if item["type"] == "string_type" and isinstance(item.get("input"), bool):
@@ -210,14 +222,29 @@ def parse_spec(data: Any, source: str = "<spec>", *, built: bool = False) -> Any
     try:
         family = get_family(family_name)
     except ValueError as error:
+        if built and isinstance(error, UnknownFamilyError):
+            raise _unregistered_family(source, family_name) from None
         raise SpecError(source, [("family", str(error))]) from None
     try:
         return family.spec_model.model_validate(dict(data), context={"built": built})
     except ValidationError as error:
-        problems = _problems_from(error)
+        problems = _problems_from(error, family.schema_reference())
         if "family" not in data:
             problems = _family_hint(data, family_name) + problems
         raise SpecError(source, problems) from None
+
+
+def _unregistered_family(module_name: str, family: str) -> SpecError:
+    """A generated module importing while its family is not registered in this process: name the module's
+    file (its import name is an internal one) and how to register the family."""
+    module = sys.modules.get(module_name)  # the importing module is in sys.modules while its body runs
+    path = getattr(module, "__file__", None) or module_name
+    fix = (
+        f"its family {family!r} is not registered in this process; register it before importing the module: "
+        f"layoutgen.family.register({family!r}, 'PACKAGE') in Python, or LAYOUTGEN_FAMILIES={family}=PACKAGE in "
+        f"the environment (PACKAGE: the importable package whose FAMILY is the {family} family)"
+    )
+    return SpecError(path, [("family", fix)], "cannot import this generated module")
 
 
 def _family_hint(data: Mapping[str, Any], assumed: str) -> list[tuple[str, str]]:
@@ -352,8 +379,9 @@ def load_spec(path: str | Path) -> Any:
 
 
 def bundled_spec_paths() -> list[Path]:
-    """Every family's bundled spec files, sorted by name."""
-    paths = [path for family in families() for path in family.spec_dir.glob("*.yaml")]
+    """layoutgen's bundled spec files, sorted by name: the built-in families' (`family.bundled_families`; an
+    out-of-tree family's specs are built by path, see `Family.spec_dir`)."""
+    paths = [path for family in bundled_families() for path in family.spec_dir.glob("*.yaml")]
     return sorted(paths, key=lambda path: path.stem)
 
 
@@ -371,4 +399,4 @@ def bundled_specs() -> dict[str, Any]:
 
 
 def bundled_spec_dirs() -> list[Path]:
-    return [family.spec_dir for family in families()]
+    return [family.spec_dir for family in bundled_families()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,26 +154,126 @@ def single_values(shape: dict[str, list[int]], defaults: dict[str, int], what: s
     return values
 
 
-def family_aliases(command: str) -> dict[str, str]:
-    """Option alias -> extent name for `command`, collected from every registered family (e.g. DCP's
-    `--heads` is `--shape H=`); `tune` also maps each family's bucket alias to `--bucket`."""
-    from layoutgen.family import families
+#: The commands that read families' option aliases.
+ALIAS_COMMANDS = ("tune", "show", "diff")
 
-    aliases: dict[str, str] = {}
+
+@dataclass
+class FamilyAliases:
+    """The families' option aliases of one command (`tune`: grid axes, and bucket aliases read as `--bucket`;
+    `show`/`diff`: drawing extents).  An alias that is one of the command's own options is ignored, and one
+    that two families declare for different extents applies to neither: `problems` says why, per alias."""
+
+    #: Alias -> the extent it sets (or "--bucket").
+    usable: dict[str, str] = field(default_factory=dict)
+    #: Alias -> extent -> the families declaring it (what the help lists).
+    declared: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    #: Alias -> why the command line may not use it.
+    problems: dict[str, str] = field(default_factory=dict)
+    #: Aliases ignored because they are the command's own options: one warning each, and a note for the help.
+    warnings: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    #: "family 'x' did not load: why" of every family that did not load (its aliases are unknown).
+    unloaded: list[str] = field(default_factory=list)
+
+    def help_text(self, buckets: bool = False) -> str:
+        """The aliases of `--shape` (or of `--bucket`) as the help lists them."""
+        parts = []
+        for alias, targets in sorted(self.declared.items()):
+            if (set(targets) == {"--bucket"}) != buckets or alias not in self.usable:
+                continue
+            ((target, owners),) = targets.items()
+            what = "" if buckets else f" = {target}"
+            parts.append(f"{alias}{what} ({', '.join(owners)})")
+        text = f" Aliases: {', '.join(parts)}." if parts else ""
+        if buckets:
+            return text
+        notes = [
+            *self.ignored,
+            *self.problems.values(),
+            *(f"{line}: its aliases are unknown" for line in self.unloaded),
+        ]
+        return text + "".join(f" {note}." for note in notes)
+
+
+#: The aliases `expand_arguments` found for the command line being run, by command: `tune --help` lists them.
+_found: dict[str, FamilyAliases] = {}
+
+
+def alias_help(command: str, buckets: bool = False) -> str:
+    """The aliases of `command` for its help (see `FamilyAliases.help_text`).  Read when typer builds the
+    commands, after `expand_arguments` collected them: the families load only for the commands that use them."""
+    found = _found.get(command)
+    if found is None:
+        return " Families' aliases work too: see `layoutgen families`."
+    return found.help_text(buckets)
+
+
+def family_aliases(command: str, own_options: frozenset[str] = frozenset()) -> FamilyAliases:
+    """The option aliases of `command` that the registered families declare (e.g. DCP's `--heads` is
+    `--shape H=`), less those that are among `own_options` or that two families declare for different extents.
+    A family that does not load takes only its own aliases away."""
+    from layoutgen.family import family_names, get_family
+
+    found = FamilyAliases()
+    if command not in ALIAS_COMMANDS:
+        return found
     try:
-        registered = families()
-    except Exception:  # a broken plug-in family must not take the CLI down: its aliases are just missing
-        return aliases
-    for family in registered:
+        names = family_names()
+    except Exception as error:  # a malformed LAYOUTGEN_FAMILIES: no family's aliases are known
+        found.unloaded.append(f"the families did not load ({error})")
+        return found
+    for name in names:
+        try:
+            family = get_family(name)
+        except Exception as error:  # a broken plug-in family must not take the others' aliases down
+            found.unloaded.append(f"family {name!r} did not load ({type(error).__name__}: {error})")
+            continue
         if command == "tune":
-            for axis in family.grid_axes:
-                if axis.alias:
-                    aliases[f"--{axis.alias}"] = axis.name
-            if family.bucket.alias:
-                aliases[f"--{family.bucket.alias}"] = "--bucket"
-        elif command in ("show", "diff"):
-            aliases.update({f"--{alias}": name for alias, name in family.show_aliases.items()})
-    return aliases
+            pairs = [(axis.alias, axis.name) for axis in family.grid_axes if axis.alias]
+            pairs += [(family.bucket.alias, "--bucket")] if family.bucket.alias else []
+        else:
+            pairs = list(family.show_aliases.items())
+        for alias, target in pairs:
+            found.declared.setdefault(f"--{alias}", {}).setdefault(target, []).append(name)
+    for alias, targets in found.declared.items():
+        if alias in own_options:
+            for target, owners in targets.items():
+                axis = "its size buckets" if target == "--bucket" else f"its extent {target}"
+                found.warnings.append(
+                    f"family {', '.join(map(repr, owners))} declares the alias {alias} for {axis}, but {alias} is "
+                    f"an option of `layoutgen {command}`: the alias is ignored (rename it in the family)"
+                )
+                found.ignored.append(f"{alias} ({', '.join(owners)}: {target}) is ignored, an option of {command}")
+        elif len(targets) > 1:
+            meanings = "; ".join(f"{target} in {'/'.join(owners)}" for target, owners in sorted(targets.items()))
+            spelled = " or ".join(
+                "--bucket V" if target == "--bucket" else f"--shape {target}=V" for target in sorted(targets)
+            )
+            found.problems[alias] = (
+                f"{alias} names different extents in different families ({meanings}), so it applies to none: "
+                f"write {spelled}"
+            )
+        else:
+            (found.usable[alias],) = targets
+    return found
+
+
+def command_options(command: str) -> frozenset[str]:
+    """Every option `layoutgen COMMAND` declares, read from the app of `layoutgen.cli` (looked up, not imported:
+    the app imports this module); empty where that app is not loaded."""
+    import sys
+
+    app = getattr(sys.modules.get("layoutgen.cli"), "app", None)
+    if app is None:
+        return frozenset()
+    import typer.main
+
+    command_object = getattr(typer.main.get_command(app), "commands", {}).get(command)
+    if command_object is None:
+        return frozenset()
+    options = {option for param in command_object.params for option in (*param.opts, *param.secondary_opts)}
+    return frozenset(option for option in options if option.startswith("-")) | {"--help"}
 
 
 #: `tune` options that take several values: `--spec a b` is read as `--spec a --spec b`.
@@ -203,7 +304,13 @@ def expand_arguments(args: list[str]) -> list[str]:
     if command_at is None:
         return front + rest
     command = rest[command_at]
-    aliases = family_aliases(command)
+    own_options = command_options(command) if command in ALIAS_COMMANDS else frozenset()
+    reserved = own_options | LIST_OPTIONS | GLOBAL_FLAGS
+    found = family_aliases(command, reserved)
+    _found[command] = found
+    for warning in found.warnings:
+        say(f"warning: {warning}", err=True)
+    aliases = found.usable
     list_options = LIST_OPTIONS_OF.get(command, frozenset())
     expanded = front + rest[: command_at + 1]
     tail = rest[command_at + 1 :]
@@ -211,7 +318,15 @@ def expand_arguments(args: list[str]) -> list[str]:
     while index < len(tail):
         arg = tail[index]
         option, equals, inline = arg.partition("=")
-        if option in aliases and option not in LIST_OPTIONS:
+        if option in found.problems and option not in reserved:
+            raise bad_input(found.problems[option])
+        if found.unloaded and own_options and option.startswith("--") and option not in {"--", *reserved, *aliases}:
+            # Not "No such option": the option may be the alias of the family that did not load.
+            raise bad_input(
+                f"{option} is no option of `layoutgen {command}` and no alias of a family that loaded; "
+                + "; ".join(found.unloaded)
+            )
+        if option in aliases:
             values = [inline] if equals else []
             index += 1
             # A negative number is a value (refused by parse_shape as one), not an option click cannot find.

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from layoutgen.cli.common import CommandFailed, bad_input, console, parse_shape, printable
-from layoutgen.cli.db_state import INVALID, bundled, entry_state, prunable
+from layoutgen.cli.db_state import INVALID, bundled, entry_state, prunable, spec_names
 
 if TYPE_CHECKING:
     from layoutgen.tuning_db import TuningEntry, TuningKey
@@ -232,7 +232,10 @@ def show(
     ] = None,
     db: DbOption = None,
     spec: Annotated[
-        list[str] | None, typer.Option("--spec", metavar="NAME", help="Only entries of this spec (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--spec", metavar="NAME|FILE", help="Only entries of this spec: a name or a spec YAML (repeatable)."
+        ),
     ] = None,
     kernel: Annotated[
         list[str] | None, typer.Option("--kernel", metavar="NAME", help="Only entries of this kernel (repeatable).")
@@ -265,6 +268,7 @@ def show(
             raise bad_input(f"--device: {error}") from None
     directories = _dirs(db)
     wanted_shape = parse_shape(shape or [])
+    wanted_specs = spec_names(spec or [])
     if device is None:
         live = current_device()
         device = live[0] if live is not None else None
@@ -286,7 +290,7 @@ def show(
         chosen = [
             entry
             for entry in database.entries.values()
-            if _selected(entry.key, set(spec or ()), set(kernel or ()), wanted_shape)
+            if _selected(entry.key, wanted_specs, set(kernel or ()), wanted_shape)
         ]
         selection = "" if len(chosen) == len(database.entries) else f", {len(chosen)} selected"
         say(str(path), "bold", wrap=False)  # a path is printed whole, on its own line
@@ -300,7 +304,7 @@ def show(
         if database.versions:
             say("  last written with " + ", ".join(f"{k} {v}" for k, v in sorted(database.versions.items())))
         if not chosen:
-            _explain_empty(database.entries.values(), set(spec or ()), set(kernel or ()), wanted_shape)
+            _explain_empty(database.entries.values(), wanted_specs, set(kernel or ()), wanted_shape)
         states = [(entry, *entry_state(entry, specs)) for entry in chosen]
         if chosen:
             pairs = [(entry, state) for entry, state, _ in states]

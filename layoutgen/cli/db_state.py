@@ -116,3 +116,45 @@ def prunable(entry: TuningEntry, specs: Mapping[str, BundledSpec]) -> bool:
         return False
     reasons = {reason for reason, _ in current_problems(entry, known.expected[entry.key.kernel])}
     return bool(reasons & set(CONTENT_REASONS))
+
+
+def spec_names(values: list[str]) -> set[str]:
+    """`db show --spec` values as the spec names entries record: a name as it is (bundled or not: the database
+    holds entries of specs built from any YAML), a spec YAML or a generated module by the spec it holds, as
+    `build` and `tune` take them."""
+    import re
+    from pathlib import Path
+
+    from layoutgen.cli.common import bad_input
+    from layoutgen.files import generated_by_layoutgen, regular_file_problem
+    from layoutgen.spec import NAME_PATTERN, load_spec
+
+    names = set()
+    for text in values:
+        path = Path(text)
+        if re.fullmatch(NAME_PATTERN, text) and not path.is_file():
+            names.add(text)
+            continue
+        problem = regular_file_problem(path)
+        fix = "pass a spec name, a spec .yaml or a module `layoutgen build` generated"
+        if problem is not None:
+            raise bad_input(f"--spec {text}: not a spec name (lower-case letters, digits, _) and {problem}; {fix}")
+        if path.suffix in (".yaml", ".yml"):
+            names.add(load_spec(path).name)  # a SpecError is the usual report (exit 2)
+        elif path.suffix == ".py" and generated_by_layoutgen(path):
+            names.add(_generated_spec_name(path))
+        else:
+            raise bad_input(f"--spec {text}: not a spec .yaml or a generated .py module; {fix}")
+    return names
+
+
+def _generated_spec_name(path: Any) -> str:
+    from layoutgen.cli.common import bad_input
+    from layoutgen.loader import load_path
+
+    try:
+        return str(load_path(path).SPEC.name)
+    except Exception as error:  # whatever importing the module raises: the file is what the user passed
+        raise bad_input(
+            f"--spec {path}: the generated module does not load ({type(error).__name__}: {error})"
+        ) from None

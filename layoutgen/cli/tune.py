@@ -6,14 +6,48 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.models import OptionInfo
 
-from layoutgen.cli.common import CommandFailed, bad_input, check_writable_dir, console, errors, parse_shape, say
+from layoutgen.cli.common import (
+    CommandFailed,
+    alias_help,
+    bad_input,
+    check_writable_dir,
+    console,
+    errors,
+    parse_shape,
+    say,
+)
 from layoutgen.files import GENERATED_MARK, generated_by_layoutgen
 from layoutgen.spec import SpecError
+
+
+class FamilyAliasHelp(OptionInfo):
+    """An option whose help ends with what the registered families declare (`common.alias_help`), not with
+    words written here: typer reads `help` when it builds the command, after `expand_arguments` collected the
+    aliases of the families this command line sees."""
+
+    @classmethod
+    def wrapping(cls, option: OptionInfo, tail: Callable[[], str]) -> FamilyAliasHelp:
+        wrapped = cls.__new__(cls)
+        wrapped.__dict__.update(option.__dict__)  # every setting typer.Option gave it, its own defaults included
+        wrapped.tail = tail
+        return wrapped
+
+    tail: Callable[[], str]
+
+    @property
+    def help(self) -> str:
+        return str(self.__dict__.get("help") or "") + self.tail()
+
+    @help.setter
+    def help(self, text: str | None) -> None:
+        self.__dict__["help"] = text
 
 
 def default_db_dir(interpret: bool) -> Path:
@@ -85,11 +119,14 @@ def tune(
     ] = None,
     shape: Annotated[
         list[str] | None,
-        typer.Option(
-            "--shape",
-            metavar="NAME=V[,V...]",
-            help="Grid values of one axis, NAME=V[,V...] (repeatable), e.g. --shape N=4,8; axes not given take "
-            "their family's defaults. Families' aliases work too (DCP: --N, --heads, --D). See `layoutgen families`.",
+        FamilyAliasHelp.wrapping(
+            typer.Option(
+                "--shape",
+                metavar="NAME=V[,V...]",
+                help="Grid values of one axis, NAME=V[,V...] (repeatable), e.g. --shape N=4,8; axes not given take "
+                "their family's defaults (`layoutgen families`).",
+            ),
+            lambda: alias_help("tune"),
         ),
     ] = None,
     dtype: Annotated[
@@ -97,11 +134,9 @@ def tune(
     ] = None,
     bucket: Annotated[
         list[int] | None,
-        typer.Option(
-            "--bucket",
-            min=1,
-            metavar="SIZE",
-            help="Size buckets (repeatable; DCP alias --batch). Default: the family's.",
+        FamilyAliasHelp.wrapping(
+            typer.Option("--bucket", min=1, metavar="SIZE", help="Size buckets (repeatable). Default: the family's."),
+            lambda: alias_help("tune", buckets=True),
         ),
     ] = None,
     trials: Annotated[
@@ -271,6 +306,15 @@ def tune(
         _exit_resumable()
     if summary.worker_errors:
         raise CommandFailed("; ".join(summary.worker_errors), code=1)
+    if summary.wrong_results:
+        # Named first: a wrong kernel is what to fix, and rerunning decides the same.
+        shown = "; ".join(summary.wrong_results[:3])
+        more = f"; and {len(summary.wrong_results) - 3} more" if len(summary.wrong_results) > 3 else ""
+        raise CommandFailed(
+            f"{len(summary.wrong_results)} studies recorded no decision because their kernel computed a wrong result "
+            f"for a config ({shown}{more})",
+            code=1,
+        )
     if summary.gate_failures:
         raise CommandFailed(
             f"{summary.gate_failures} config(s) failed the correctness gate: a kernel bug (see the errors above)",

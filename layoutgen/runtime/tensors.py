@@ -1,4 +1,11 @@
-"""Checks on user tensors that every family's argument validation uses (run once per plan, never cached)."""
+"""Checks on user tensors that every family's argument validation uses (run once per plan, never cached).
+
+A family's public function calls them while it plans a call: `check_runnable(kernel, *tensors)` before the
+first launch (CPU tensors without TRITON_INTERPRET=1 get the fix, not Triton's "0 active drivers"),
+`describe(tensor)` in its error messages, `check_config(config, ConfigType)` for an explicit `config=`,
+`needs_int64` to pick 64-bit offsets, and an `OverlapGuard.of(buffers, call_tensors, disjoint)` kept in the
+plan, whose `may_overlap(call_tensors)` says on each cached call whether to validate again.
+"""
 
 from __future__ import annotations
 

@@ -20,11 +20,29 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from concurrent.futures import Future, ProcessPoolExecutor
+import sys
+import threading
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+
+def child_environment() -> dict[str, str]:
+    """The environment variables a child process needs to load the specs this process loads: every family
+    registered here beyond the built-in ones (by `LAYOUTGEN_FAMILIES` or by `layoutgen.family.register`, which
+    a child never sees), named as the variable names them, and this process's import path as PYTHONPATH (a
+    family's package may be importable only from an entry added to `sys.path` here)."""
+    from layoutgen.family import registered_outside
+    from layoutgen.settings import FAMILIES
+
+    environment = {"PYTHONPATH": os.pathsep.join(entry for entry in sys.path if entry)}
+    outside = registered_outside()
+    if outside:
+        environment[FAMILIES.name] = ",".join(f"{name}={module}" for name, module in outside.items())
+    return environment
 
 
 def integer_class(value: int) -> str:
@@ -67,10 +85,12 @@ _modules: dict[str, ModuleType] = {}
 
 @dataclass(frozen=True)
 class CompileError:
-    """Why a variant did not compile; `from_triton` separates the kernel's fault from the pool's."""
+    """Why a variant did not compile; `from_triton` separates the kernel's fault from the pool's, and `setup`
+    says the pool process could not even load the module or its family (no variant compiles there)."""
 
     message: str
     from_triton: bool
+    setup: bool = False
 
 
 def compile_variant(job: CompileJob) -> CompileError | None:
@@ -85,6 +105,9 @@ def compile_variant(job: CompileJob) -> CompileError | None:
         if module is None:
             module = _modules[job.module_path] = load_path(Path(job.module_path))
         family = get_family(module.SPEC.family)
+    except Exception as error:  # the pool's fault, not the variant's: `CompilePool` reports it
+        return CompileError(f"{type(error).__name__}: {error}", from_triton=False, setup=True)
+    try:
         warm = _WarmupOnly(getattr(module, f"_{job.kernel}_kernel"))
         family.compile_variant(module, {"kernel": job.kernel, "config": dict(job.config), **dict(job.args)}, warm)
     except Exception as error:  # reported as the trial's failure reason, never raised across the pool
@@ -92,7 +115,10 @@ def compile_variant(job: CompileJob) -> CompileError | None:
     return None
 
 
-def _initialize_worker() -> None:
+def _initialize_worker(environment: dict[str, str]) -> None:
+    # The families registered in the tuner's process, and where their packages are (`child_environment`).
+    os.environ.update(environment)
+    sys.path.extend(entry for entry in environment["PYTHONPATH"].split(os.pathsep) if entry not in sys.path)
     # Compiles are independent; one thread per process keeps 16 processes from oversubscribing 16 cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Ctrl-C is the tuner's to handle (it shuts the pool down), not a traceback from every compile process.
@@ -100,15 +126,25 @@ def _initialize_worker() -> None:
 
 
 class CompilePool:
-    """Deduplicated ahead-of-time compiles on `workers` processes (0: compile lazily at first launch)."""
+    """Deduplicated ahead-of-time compiles on `workers` processes (0: compile lazily at first launch).
+
+    A compile the pool itself could not do (its process could not load the module or its family, or died) costs
+    only the head start, since the variant then compiles at its first launch; it is counted in `setup_failures`
+    with the first reason in `setup_problem`, for the worker to report."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._futures: dict[tuple[Any, ...], Future[CompileError | None]] = {}
         self._executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.setup_failures = 0
+        self.setup_problem: str | None = None
         if workers > 0:
             self._executor = ProcessPoolExecutor(
-                max_workers=workers, mp_context=multiprocessing.get_context("spawn"), initializer=_initialize_worker
+                max_workers=workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_initialize_worker,
+                initargs=(child_environment(),),
             )
 
     def submit(self, job: CompileJob) -> Future[CompileError | None] | None:
@@ -117,8 +153,34 @@ class CompilePool:
             return None
         future = self._futures.get(job.variant)
         if future is None:
-            future = self._futures[job.variant] = self._executor.submit(compile_variant, job)
+            try:
+                future = self._executor.submit(compile_variant, job)
+            except BrokenProcessPool as error:  # a process died: compile lazily from now on, and say so once
+                self._note_problem(f"the compile processes died ({error}); later variants compile at first launch")
+                self.close()
+                return None
+            self._futures[job.variant] = future
+            future.add_done_callback(self._note_setup_failure)
         return future
+
+    def _note_setup_failure(self, future: Future[CompileError | None]) -> None:
+        try:
+            result = future.result()
+        except CancelledError:
+            return
+        except Exception as error:  # the process died (a broken pool): every later compile fails alike
+            problem = f"the compile process failed ({type(error).__name__}: {error})"
+        else:
+            if result is None or not result.setup:
+                return
+            problem = result.message
+        self._note_problem(problem)
+
+    def _note_problem(self, problem: str) -> None:
+        with self._lock:
+            self.setup_failures += 1
+            if self.setup_problem is None:
+                self.setup_problem = problem
 
     @property
     def submitted(self) -> int:

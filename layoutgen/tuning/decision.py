@@ -9,6 +9,7 @@ the runner turns decisions into tuning-database entries.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,13 +52,31 @@ def decide(search: BucketSearch) -> dict[str, Any]:
         "timer": search.ctx.timer.description,
         "measured_at": _utc_now(),
         "failed": sum(1 for t in trials if outcome_of(t) in ("compile_failed", "launch_failed")),
-        "gate_failed": sum(1 for t in trials if outcome_of(t) == "gate_failed"),
     }
-    default_problem = _default_problem(search, trials, workload, default)
+    # (config, reason) of every config that computed a wrong result: the search's, then the default's.
+    wrong = [(result_of(t).get("config"), result_of(t).get("reason")) for t in trials if outcome_of(t) == "gate_failed"]
+    tried = final["trials"]
+    default_problem = None
+    if not wrong:
+        default_problem, gated_here = _default_problem(search, trials, workload, default)
+        if gated_here is not None:
+            tried += 1
+        if gated_here == "gate_failed":
+            wrong.append((default.as_dict(), default_problem))
+    final["gate_failed"] = len(wrong)
     finalists = _finalists(search, measured, default)
     incumbent = _database_config(search, measured, default)
     timer, states, estimate = search.ctx.timer, workload.states, workload.estimated_us
-    if default_problem is not None:
+    if wrong:
+        # A kernel that computed a wrong result for one config is wrong: the configs that passed may just have
+        # missed the bug at the gate's shapes, so none of its configs is recorded for dispatch.
+        config, reason = wrong[0]
+        final.update(
+            chosen=None,
+            reason=f"{len(wrong)} of {tried} configs failed the correctness gate, e.g. {_config_text(config)}: "
+            f"{reason}; the kernel is wrong, so nothing is recorded: fix it and tune again",
+        )
+    elif default_problem is not None:
         if not finalists:
             final.update(chosen=None, reason=f"no config ran: the default {default} failed: {default_problem}")
         else:
@@ -125,14 +144,14 @@ def _finalists(search: BucketSearch, measured: list[FrozenTrial], default: Launc
 
 def _default_problem(
     search: BucketSearch, trials: list[FrozenTrial], workload: Workload, default: LaunchConfig
-) -> str | None:
-    """Why the default config cannot be used (None when it ran and passed the gate).  The study's own
-    trial decides when it measured the default; otherwise the default is gated here."""
+) -> tuple[str | None, str | None]:
+    """Why the default config cannot be used (None when it ran and passed the gate), and the outcome of the
+    default's gate run here (None where the study's own trial measured the default and decides)."""
     if search.space.is_feasible(default):
         key = params_key(search.space.to_params(default))
         for trial in trials:
             if params_key(trial.params) == key and outcome_of(trial) in EVALUATED:
-                return None if outcome_of(trial) == "measured" else str(result_of(trial).get("reason"))
+                return (None if outcome_of(trial) == "measured" else str(result_of(trial).get("reason"))), None
     seed = sampler_seed(search.name, search.ctx.options.seed) + 10**6
     measurement = evaluate(workload, default, None, _NoTiming(), seed)
     if measurement.status == "gate_failed":
@@ -140,7 +159,11 @@ def _default_problem(
         search.ctx.reporter.error(
             f"BUG: {search.label}: the default config {default} fails the correctness gate: {measurement.reason}"
         )
-    return None if measurement.status == "ok" else measurement.reason
+    return (None if measurement.status == "ok" else measurement.reason), measurement.status
+
+
+def _config_text(config: Any) -> str:
+    return json.dumps(config, sort_keys=True) if isinstance(config, dict) else str(config)
 
 
 def _store_final(search: BucketSearch, final: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from layoutgen.tuning.problem import Problem
 from layoutgen.tuning.procedure import CAPACITY_ROUNDING
 from layoutgen.tuning.timing import Timing, cache_states, rotating_sets, time_states
 
+#: The byte a gate fills outputs with before the candidate runs: any byte still holding it was not written.
 CANARY = 0xA5
 #: All-ones bytes are NaN in every float dtype: what a kernel must never read.
 NAN_BYTE = 0xFF
@@ -91,7 +92,23 @@ class Measurement:
 
 class Workload(ABC):
     """Gate buffers and rotating timing inputs of one (target, size bucket) on one device; a family
-    subclasses it and implements the three methods."""
+    subclasses it (its `Family.workload` returns one) and implements the three abstract methods:
+
+    * `compile_job(config) -> CompileJob`: the variant the compile pool builds ahead of the gate.  `args` is
+      what the family's `compile_variant` reads to build `meta` tensors; `variant_args` decides which jobs
+      share one compile (the pool compiles once per module, kernel, variant_args and config), so it holds
+      what reaches the compiled code: dtypes and each integer's specialisation class
+      (`tuning.compile.integer_class`).  Too little there and two binaries share one compile (the second
+      compiles at its first launch); raw sizes there compile the same binary again for every size.
+    * `gate(config, seed) -> str | None`: fresh random inputs from `seed`, outputs pre-filled with `CANARY`
+      bytes and bytes it must never read set to `NAN_BYTE`, the candidate run and compared with the
+      reference; None when it matches, else what differs.
+    * `timing_launch(config) -> Callable[[int], None]`: a launch on rotating input set `index` in
+      `range(self.sets)`, built once per config.
+
+    `__init__` sets, for them to use: `target` (its `module` is the generated module), `problem`, `bucket`,
+    `device`, `capacity` (the buffers' capacity at this bucket), `bytes_moved`, `sets` (how many rotating input
+    sets to build: together they exceed the L2), `states` and `estimated_us`."""
 
     def __init__(self, target: Target, bucket: int, device: Any, l2_bytes: int) -> None:
         self.target = target

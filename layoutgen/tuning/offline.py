@@ -127,15 +127,11 @@ def check_in_subprocesses(paths: list[str], workers: int | None = None) -> dict[
     import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    from layoutgen.family import registered_outside
+    from layoutgen.tuning.compile import child_environment
 
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # `build --out D` writes D/<name>.py and nothing else
-    # The child loads the same specs: the families registered here, importable from the same path.
-    outside = registered_outside()
-    if outside:
-        env["LAYOUTGEN_FAMILIES"] = ",".join(f"{name}={module}" for name, module in outside.items())
-    env["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
+    env.update(child_environment())  # the child loads the same specs: the families registered here
 
     def run(path: str) -> list[dict[str, str]]:
         command = [sys.executable, "-m", "layoutgen.tuning.offline", "--json", path]

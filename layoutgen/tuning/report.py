@@ -35,6 +35,8 @@ class ResultRow:
     #: Whether the study holds its decision (False: its search is not finished); decided with `chosen` None,
     #: no config of it ran.
     finished: bool = True
+    #: How many configs computed a wrong result: a kernel wrong for any config has nothing recorded.
+    wrong_results: int = 0
 
     @property
     def shape(self) -> str:
@@ -82,6 +84,7 @@ class ResultRow:
             copy_tbps=final.get("copy_tbps"),
             reason=str(final.get("reason", "not finished: re-run the same command to resume")),
             finished=finished,
+            wrong_results=int(final.get("gate_failed") or 0),
         )
 
 
@@ -129,8 +132,14 @@ def row_cells(row: ResultRow) -> dict[str, str]:
         "speed-up": _number(row.speedup, 2, "x"),
         "TB/s": _number(row.tbps, 2),
         "% copy": "-" if fraction is None else f"{100 * fraction:.0f}%",
-        "kept": row.chosen or ("none ran" if row.finished else "nothing"),
+        "kept": row.chosen or _nothing_kept(row),
     }
+
+
+def _nothing_kept(row: ResultRow) -> str:
+    if row.wrong_results:
+        return "gate failed"
+    return "none ran" if row.finished else "nothing"
 
 
 def by_spec(rows: list[ResultRow]) -> dict[str, list[ResultRow]]:

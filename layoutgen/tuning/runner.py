@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from layoutgen.files import replace_atomically
 from layoutgen.signals import sigterm_interrupts, terminated_by_sigterm
+from layoutgen.tuning.compile import child_environment
 from layoutgen.tuning.plan import (
     TuneOptions,
     database_entries,
@@ -32,7 +33,7 @@ from layoutgen.tuning.procedure import MAX_ROTATING_SETS
 from layoutgen.tuning.report import ProgressReporter, ResultRow, markdown, result_lines, summary_lines
 from layoutgen.tuning.results import collect, study_state
 from layoutgen.tuning.storage import describe_storage, open_storage
-from layoutgen.tuning.worker import GATE_FAILURE_EXIT
+from layoutgen.tuning.worker import GATE_FAILURE_EXIT, SETUP_FAILURE_EXIT
 
 POLL_INTERVAL_S = 3.0
 
@@ -48,6 +49,8 @@ class RunSummary:
     interrupted: bool = False
     #: "label: reason" of every study decided with no config that ran (no entry written).
     undecidable: list[str] = field(default_factory=list)
+    #: "label: reason" of every study whose kernel computed a wrong result for a config (no entry written).
+    wrong_results: list[str] = field(default_factory=list)
 
 
 def visible_gpus() -> list[str]:
@@ -262,8 +265,12 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
             ]
         write_report(Path(options.report), markdown(rows, header, timed=timed) + "\n")
     unfinished = sum(1 for row in rows if not row.finished)
-    undecidable = [f"{row.label}: {row.reason}" for row in rows if row.finished and row.chosen is None]
-    return RunSummary(rows, device_name, db_path, gate_failures, unfinished, worker_errors, interrupted, undecidable)
+    undecided = [row for row in rows if row.finished and row.chosen is None]
+    wrong_results = [f"{row.label}: {row.reason}" for row in undecided if row.wrong_results]
+    undecidable = [f"{row.label}: {row.reason}" for row in undecided if not row.wrong_results]
+    return RunSummary(
+        rows, device_name, db_path, gate_failures, unfinished, worker_errors, interrupted, undecidable, wrong_results
+    )
 
 
 def write_report(path: Path, text: str) -> None:
@@ -279,8 +286,10 @@ def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter:
     if not options.interpret and len(gpus) < options.workers:
         raise ValueError(f"--workers {options.workers} needs as many visible GPUs; found {len(gpus)}")
     processes = []
+    # The workers load the run's specs: they need the families registered here (`register` too).
+    environment = {**os.environ, **child_environment()}
     for index in range(options.workers):
-        env = dict(os.environ)
+        env = dict(environment)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[index]
         command = [sys.executable, "-m", "layoutgen.tuning.worker", str(index), options.to_json()]
@@ -309,6 +318,8 @@ def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter:
     for index, process in enumerate(processes):
         if process.returncode == GATE_FAILURE_EXIT:
             gate_failures += 1
+        elif process.returncode == SETUP_FAILURE_EXIT:
+            problems.append(f"worker {index} could not load the run's families or specs (its error is above)")
         elif process.returncode != 0:
             problems.append(f"worker {index} exited with status {process.returncode}")
     return gate_failures, problems

@@ -21,13 +21,14 @@ Nothing here imports torch or Triton.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any
 
-from layoutgen.config import LaunchConfig, next_pow2
-from layoutgen.family import SearchSpace, SpaceExtents
+from layoutgen.config import WARPS, LaunchConfig, next_pow2
+from layoutgen.family import FamilyDeclarationError, KernelDecl, SearchSpace, SpaceExtents
 from layoutgen.tuning.problem import Problem
 
 
@@ -134,12 +135,76 @@ class BoundSpace:
         return {param_name(name): (_log2(values[0]), _log2(values[-1])) for name, values in self.choices.items()}
 
 
+def check_declared_space(family: str, decl: KernelDecl) -> None:
+    """Raise FamilyDeclarationError where a kernel's `SearchSpace` contradicts its config type or itself (the
+    tuner would fail on it with a bare KeyError, or silently ignore a cap)."""
+    where, space = f"family {family!r}, kernel {decl.name!r}: KernelDecl.space", decl.space
+    fields, axes = [name for name, _ in space.blocks], [axis for _, axis in space.blocks]
+    config_fields = set(decl.config_type.field_names())
+    searched = {*fields, "num_warps", "num_stages"}
+    problems = [
+        f"blocks names {what} {name!r} twice; give each block its own config field and axis"
+        for what, names in (("config field", fields), ("axis", axes))
+        for name in sorted(set(names))
+        if names.count(name) > 1
+    ]
+    config = decl.config_type.__name__
+    problems += [
+        f"searches {name!r}, which is not a field of {config} (its fields: {', '.join(sorted(config_fields))}); "
+        f"name a field of KernelDecl.config_type in blocks, or add {name} to {config}"
+        for name in sorted(searched - config_fields)
+    ]
+    problems += [
+        f"leaves {config} field {field.name!r} unsearched, and it has no default; give it a default or add it "
+        "to SearchSpace.blocks"
+        for field in dataclasses.fields(decl.config_type)
+        if field.name not in searched and field.default is MISSING and field.default_factory is MISSING
+    ]
+    for caps_field, caps in (("caps", space.caps), ("innermost_caps", space.innermost_caps)):
+        problems += [
+            f"{caps_field} names axis {axis!r}, which SearchSpace.blocks does not tile (its axes: "
+            f"{', '.join(axes)}); key the cap by one of them"
+            for axis in caps
+            if axis not in axes
+        ]
+    if not space.num_warps or any(warps not in WARPS for warps in space.num_warps):
+        problems.append(f"num_warps {tuple(space.num_warps)} must be a non-empty tuple of values among {WARPS}")
+    if not space.num_stages or any(not 1 <= stages <= 8 for stages in space.num_stages):
+        problems.append(f"num_stages {tuple(space.num_stages)} must be a non-empty tuple of values in [1, 8]")
+    if problems:
+        raise FamilyDeclarationError(f"{where}: {'; '.join(problems)}")
+
+
+def check_space_extents(family: str, decl: KernelDecl, extents: SpaceExtents) -> None:
+    """Raise FamilyDeclarationError where the family's `space_extents()` does not cover its kernel's declared
+    axes: every tiled axis needs an extent, and the innermost axes and floors must name extents (else the
+    pruning rules that read them silently do not apply)."""
+    known = set(extents.extents)
+    named = ", ".join(extents.extents) or "none"
+    fix = f"return an extent for it from {family}'s space_extents(), or rename it to one of: {named}"
+    problems = [
+        f"SearchSpace.blocks tiles axis {axis!r} (config field {name}), which has no extent; {fix}"
+        for name, axis in decl.space.blocks
+        if axis not in known
+    ]
+    if extents.innermost not in known:
+        problems.append(f"SpaceExtents.innermost {extents.innermost!r} is not an extent; {fix}")
+    if extents.source_innermost is not None and extents.source_innermost not in known:
+        problems.append(f"SpaceExtents.source_innermost {extents.source_innermost!r} is not an extent; {fix}")
+    problems += [f"SpaceExtents.floors names axis {axis!r}, which is not an extent; {fix}"
+                 for axis in extents.floors if axis not in known]  # fmt: skip
+    if problems:
+        raise FamilyDeclarationError(f"family {family!r}, kernel {decl.name!r}: {'; '.join(problems)}")
+
+
 def bind(problem: Problem, bucket: int) -> BoundSpace:
     """The space of `problem`'s kernel for `problem` at size bucket `bucket`."""
     if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
         raise ValueError(f"size bucket must be a positive int, got {bucket!r}")
     space = problem.decl.space
+    check_declared_space(problem.family.name, problem.decl)
     extents = problem.family.space_extents(problem, bucket)
+    check_space_extents(problem.family.name, problem.decl, extents)
     sizes, innermost = extents.extents, extents.innermost
     choices: dict[str, tuple[int, ...]] = {}
     for name, axis in space.blocks:

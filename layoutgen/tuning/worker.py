@@ -17,6 +17,8 @@ from layoutgen.tuning.search import SLOW_FIRST_LAUNCH_S, search_family
 
 #: Exit code of a worker that found a config failing the correctness gate.
 GATE_FAILURE_EXIT = 3
+#: Exit code of a worker that could not load the run's families or specs (its one-line error is on stderr).
+SETUP_FAILURE_EXIT = 2
 
 
 def record_family(ctx: Context, target: Target, buckets: list[int]) -> None:
@@ -64,6 +66,12 @@ def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, stor
                 torch.cuda.empty_cache()
     finally:
         ctx.pool.close()
+        if ctx.pool.setup_failures:
+            reporter.error(
+                f"compile pool: {ctx.pool.setup_failures} of {ctx.pool.submitted} kernel variants could not be "
+                f"compiled ahead ({ctx.pool.setup_problem}); each compiled at its first launch instead, slower: a "
+                "family registered in the tuner's process must be importable from its sys.path"
+            )
     if ctx.trials_evaluated:
         reporter.info(phase_summary(ctx, time.perf_counter() - started))
     if ctx.pool.workers and ctx.variants_seen:
@@ -76,7 +84,9 @@ def run_worker(options: TuneOptions, worker_index: int, reporter: Reporter, stor
 
 def worker_main(argv: list[str]) -> int:
     """Entry of a worker process: `python -m layoutgen.tuning.worker INDEX OPTIONS_JSON`."""
+    from layoutgen.settings import SettingError
     from layoutgen.signals import interrupted_once
+    from layoutgen.spec import SpecError
 
     index, options = int(argv[0]), TuneOptions.from_json(argv[1])
     if options.interpret:
@@ -86,6 +96,9 @@ def worker_main(argv: list[str]) -> int:
             gate_failures = run_worker(options, index, QuietReporter())
     except KeyboardInterrupt:
         return 130
+    except (SpecError, SettingError) as error:
+        print(f"error: worker {index}: {error}", file=sys.stderr, flush=True)
+        return SETUP_FAILURE_EXIT
     return GATE_FAILURE_EXIT if gate_failures else 0
 
 
