@@ -368,3 +368,15 @@ def one_rank_group() -> Iterator[None]:
             yield
         finally:
             dist.destroy_process_group()
+
+
+def problems_of_gloo_ranks(worker: Any, world: int) -> dict[int, list[str]]:
+    """Run `worker(rank, store_path, reports)` on `world` spawned processes (a gloo group over a file store at
+    `store_path`); each puts `(rank, problems)` on `reports`. Returns rank -> problems."""
+    import torch.multiprocessing as mp
+
+    reports = mp.get_context("spawn").Queue()
+    with tempfile.TemporaryDirectory() as directory:
+        mp.start_processes(worker, args=(os.path.join(directory, "store"), reports), nprocs=world,
+                           start_method="spawn", join=True)  # fmt: skip
+    return dict(reports.get(timeout=10) for _ in range(world))

@@ -12,7 +12,6 @@ agreement cases spawn gloo ranks on the CPU.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -20,8 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import requires_interpreter
+from conftest import problems_of_gloo_ranks, requires_interpreter
 
 import layoutgen
 
@@ -222,9 +220,4 @@ def _agreement_worker(rank: int, store: str, reports: Any) -> None:
 
 
 def test_every_rank_raises_when_one_refuses_its_exchange_arguments() -> None:
-    context = mp.get_context("spawn")
-    reports = context.Queue()
-    with tempfile.TemporaryDirectory() as directory:
-        mp.start_processes(_agreement_worker, args=(os.path.join(directory, "store"), reports), nprocs=WORLD,
-                           start_method="spawn", join=True)  # fmt: skip
-    assert dict(reports.get(timeout=10) for _ in range(WORLD)) == {rank: [] for rank in range(WORLD)}
+    assert problems_of_gloo_ranks(_agreement_worker, WORLD) == {rank: [] for rank in range(WORLD)}

@@ -8,15 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import REPO_ROOT, generated_module, requires_interpreter
+from conftest import REPO_ROOT, generated_module, problems_of_gloo_ranks, requires_interpreter
 
 from layoutgen.ulysses import reference
 from layoutgen.ulysses.layout import Shape, UlyssesBuffers, tensor_shape
@@ -100,13 +98,7 @@ def _worker(rank: int, store: str, failures: Any) -> None:
 
 
 def test_the_exchange_on_gloo_matches_the_reference() -> None:
-    context = mp.get_context("spawn")
-    failures = context.Queue()
-    with tempfile.TemporaryDirectory() as directory:
-        mp.start_processes(_worker, args=(os.path.join(directory, "store"), failures), nprocs=WORLD,
-                           start_method="spawn", join=True)  # fmt: skip
-    reports = dict(failures.get(timeout=10) for _ in range(WORLD))
-    assert reports == {rank: [] for rank in range(WORLD)}
+    assert problems_of_gloo_ranks(_worker, WORLD) == {rank: [] for rank in range(WORLD)}
 
 
 def test_the_example_runs_end_to_end_on_two_gloo_ranks() -> None:
