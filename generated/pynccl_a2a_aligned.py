@@ -6,7 +6,7 @@ Buffers, dense and C-contiguous, outer to inner:
 LSE: the float32 bits right after the HEAD_DIM payload elements of each row.
 Transport: one torch.distributed.all_to_all_single per buffer (peer is outermost).
 
-Public API (docs/design.md §5): alloc, pack, combine, exchange.
+Public API (docs/design.md §4.1-§4.2): alloc, pack, combine, exchange.
 Regenerate with `layoutgen build`; the spec's summary is SPEC_SUMMARY.
 """
 

@@ -7,7 +7,7 @@ Buffers, dense and C-contiguous, outer to inner:
 (max, sum): words 0 (max) and 1 (sum) of 2 per entry of the stats buffer.
 Transport: external: the caller moves the bytes (no exchange() here).
 
-Public API (docs/design.md §5): alloc, pack, combine.
+Public API (docs/design.md §4.1-§4.2): alloc, pack, combine.
 Regenerate with `layoutgen build`; the spec's summary is SPEC_SUMMARY.
 """
 

@@ -110,10 +110,11 @@ TUNING_DB: Variable[Path | None] = Variable(
 )
 CONFIG = Variable(
     "LAYOUTGEN_CONFIG",
-    "JSON forcing launch configs of calls made with `config=None`, by kernel name, for debugging and "
-    'determinism: `{"pack": {"block_head": 4, "num_warps": 4}, "combine": {"num_warps": 8}}`; fields left '
-    "out keep the heuristic default's value (the tuning database is not consulted); a malformed value "
-    "raises `ValueError` at the first call (`layoutgen build` refuses it before verifying, exit 2)",
+    "JSON forcing launch configs of the calls of any kernel (DCP `pack` / `combine`, Ulysses `scatter`, "
+    "`gather`, `scatter_out`, `gather_out`) made with `config=None`, for debugging and determinism, by kernel "
+    'name: `{"pack": {"block_head": 4, "num_warps": 4}, "combine": {"num_warps": 8}}`; fields left out keep '
+    "the heuristic default's value (the tuning database is not consulted); a malformed value, or a kernel name "
+    "no family has, raises `ValueError` at the first call (`layoutgen build` refuses it before verifying, exit 2)",
     str,
     "",
 )
@@ -129,7 +130,7 @@ FAMILIES: Variable[dict[str, str]] = Variable(
     "LAYOUTGEN_FAMILIES",
     "kernel families outside layoutgen, `NAME=MODULE[,NAME=MODULE...]`: each MODULE exposes a "
     "`layoutgen.family.Family` as `FAMILY` (`layoutgen.family.register` does the same in code); each NAME once, "
-    "a family name (`[a-z][a-z0-9_]*`), the name of that `FAMILY`",
+    "a family name (`[a-z][a-z0-9_]{0,31}`), the name of that `FAMILY`",
     _families,
     {},
 )

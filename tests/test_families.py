@@ -236,8 +236,9 @@ def test_layoutgen_variables_are_read_only_in_the_settings_module() -> None:
 
 
 def test_the_readme_documents_every_variable_the_settings_declare() -> None:
+    """README's environment table holds each variable's row as the settings word it (`layoutgen.settings`)."""
     from layoutgen.settings import VARIABLES
 
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    missing = [variable.name for variable in VARIABLES if f"| `{variable.name}` |" not in readme]
-    assert not missing, f"README's environment table lacks {missing}"
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    missing = [variable.name for variable in VARIABLES if f"| `{variable.name}` | {variable.help} |" not in readme]
+    assert not missing, f"README's environment table lacks, or words otherwise than layoutgen.settings, {missing}"

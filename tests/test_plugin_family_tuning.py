@@ -266,3 +266,14 @@ def test_db_show_selects_by_a_spec_file(
     code, out, err = run_main(["db", "show", "--db", db, "--spec", str(tmp_path / "gone.yaml")], capsys, monkeypatch)
     (line,) = err.strip().splitlines()
     assert code == 2 and "--spec" in line and "gone.yaml" in line and "no such file" in line, err
+
+
+@pytest.mark.parametrize("command", ["show", "diff"])
+def test_show_and_diff_help_list_the_aliases_the_families_declare(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Was: "(DCP: --N, --batch, --heads, --D)" written into the help: DCP's --empty and Ulysses' --seq missing.
+    code, out, _ = run_main([command, "--help"], capsys, monkeypatch)
+    text = one_line(out)
+    assert code == 0 and "DCP" not in text
+    assert "--empty = E (dcp)" in text and "--seq = S_local (ulysses)" in text and "--heads = H (dcp, ulysses)" in text

@@ -7,12 +7,13 @@ Nothing here knows a family's words: shape extents and their option aliases come
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from typer.models import OptionInfo
 
 console = Console(highlight=False)
 errors = Console(stderr=True, soft_wrap=True, highlight=False)  # one error per line: paths never wrap
@@ -207,6 +208,29 @@ def alias_help(command: str, buckets: bool = False) -> str:
     if found is None:
         return " Families' aliases work too: see `layoutgen families`."
     return found.help_text(buckets)
+
+
+class FamilyAliasHelp(OptionInfo):
+    """An option whose help ends with what the registered families declare (`common.alias_help`), not with
+    words written here: typer reads `help` when it builds the command, after `expand_arguments` collected the
+    aliases of the families this command line sees."""
+
+    @classmethod
+    def wrapping(cls, option: OptionInfo, tail: Callable[[], str]) -> FamilyAliasHelp:
+        wrapped = cls.__new__(cls)
+        wrapped.__dict__.update(option.__dict__)  # every setting typer.Option gave it, its own defaults included
+        wrapped.tail = tail
+        return wrapped
+
+    tail: Callable[[], str]
+
+    @property
+    def help(self) -> str:
+        return str(self.__dict__.get("help") or "") + self.tail()
+
+    @help.setter
+    def help(self, text: str | None) -> None:
+        self.__dict__["help"] = text
 
 
 def family_aliases(command: str, own_options: frozenset[str] = frozenset()) -> FamilyAliases:

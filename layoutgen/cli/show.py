@@ -8,20 +8,37 @@ from typing import Annotated, Any
 
 import typer
 
-from layoutgen.cli.common import bad_input, check_writable_dir, parse_shape, resolve_spec, say, single_values
+from layoutgen.cli.common import (
+    FamilyAliasHelp,
+    alias_help,
+    bad_input,
+    check_writable_dir,
+    parse_shape,
+    resolve_spec,
+    say,
+    single_values,
+)
 
 SpecArgument = Annotated[
     str, typer.Argument(metavar="SPEC", help="A bundled spec name (e.g. pynccl_a2a) or a spec YAML file.")
 ]
-ShapeOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--shape",
-        metavar="NAME=VALUE",
-        help="One extent of the drawing, NAME=VALUE (repeatable), e.g. --shape N=2; the family's aliases work "
-        "too (DCP: --N, --batch, --heads, --D). Extents not given take the family's drawing defaults.",
-    ),
-]
+
+
+def _shape_option(command: str) -> Any:
+    """`--shape` of `command`, its help ending with the aliases the families declare for it."""
+    return FamilyAliasHelp.wrapping(
+        typer.Option(
+            "--shape",
+            metavar="NAME=VALUE",
+            help="One extent of the drawing, NAME=VALUE (repeatable), e.g. --shape N=2; extents not given take "
+            "the family's drawing defaults.",
+        ),
+        lambda: alias_help(command),
+    )
+
+
+ShowShapeOption = Annotated[list[str] | None, _shape_option("show")]
+DiffShapeOption = Annotated[list[str] | None, _shape_option("diff")]
 DtypeOption = Annotated[
     str | None, typer.Option("--dtype", metavar="DTYPE", help="Activation dtype. Default: the family's.")
 ]
@@ -41,7 +58,7 @@ def _shape_of(spec: Any, shape: list[str] | None, dtype: str | None) -> tuple[di
 
 def show(
     spec: SpecArgument,
-    shape: ShapeOption = None,
+    shape: ShowShapeOption = None,
     dtype: DtypeOption = None,
     png: Annotated[
         str | None,  # text, not Path: Path("") is ".", which `--png ""` must not mean
@@ -92,7 +109,7 @@ def _png_target(text: str) -> Path:
 def diff(
     spec_a: Annotated[str, typer.Argument(metavar="SPEC_A", help="Layout A: a bundled spec name or a spec YAML file.")],
     spec_b: Annotated[str, typer.Argument(metavar="SPEC_B", help="Layout B: a bundled spec name or a spec YAML file.")],
-    shape: ShapeOption = None,
+    shape: DiffShapeOption = None,
     dtype: DtypeOption = None,
     runs: Annotated[bool, typer.Option("--runs", help="List every run, not only the summary.")] = False,
     as_json: JsonOption = False,

@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from typer.models import OptionInfo
 
 from layoutgen.cli.common import (
     CommandFailed,
+    FamilyAliasHelp,
     alias_help,
     bad_input,
     check_writable_dir,
@@ -25,29 +24,6 @@ from layoutgen.cli.common import (
 )
 from layoutgen.files import GENERATED_MARK, generated_by_layoutgen
 from layoutgen.spec import SpecError
-
-
-class FamilyAliasHelp(OptionInfo):
-    """An option whose help ends with what the registered families declare (`common.alias_help`), not with
-    words written here: typer reads `help` when it builds the command, after `expand_arguments` collected the
-    aliases of the families this command line sees."""
-
-    @classmethod
-    def wrapping(cls, option: OptionInfo, tail: Callable[[], str]) -> FamilyAliasHelp:
-        wrapped = cls.__new__(cls)
-        wrapped.__dict__.update(option.__dict__)  # every setting typer.Option gave it, its own defaults included
-        wrapped.tail = tail
-        return wrapped
-
-    tail: Callable[[], str]
-
-    @property
-    def help(self) -> str:
-        return str(self.__dict__.get("help") or "") + self.tail()
-
-    @help.setter
-    def help(self, text: str | None) -> None:
-        self.__dict__["help"] = text
 
 
 def default_db_dir(interpret: bool) -> Path:
