@@ -182,6 +182,10 @@
 #   bash benchmarks/gpu_session.sh smallb OUT  (twenty-fourth pass) the dim-innermost combines' default at small batches
 #                                               (under one wave of programs) beside four-warp tiles, six bundled specs
 #                                               at B 1-32, with sglang (run before and after the default changed)
+#   bash benchmarks/gpu_session.sh chints OUT  (twenty-ninth pass) vllm_a2a's combine with its partial loads marked
+#                                               evict_first or .cg, beside the committed module, at N 8, B 64 (under
+#                                               sglang rotated) and two points around it, rotated and L2-resident;
+#                                               then every GPU test (as `gpu`; not with CHINTS_PROBES_ONLY=1)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -999,6 +1003,28 @@ rebench)
     timeout 400 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" \
         --specs pynccl_a2a_aligned flashinfer_mnnvl pynccl_a2a vllm_a2a 2>&1 | tail -4
     timeout 170 python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -4
+    ;;
+chints)
+    variants=/tmp/chints
+    mkdir -p "$variants"
+    load='partial = tl.load(partial_pointer, mask=mask, other=0.0)'
+    sed "s/$load/partial = tl.load(partial_pointer, mask=mask, other=0.0, eviction_policy=\"evict_first\")/" \
+        generated/vllm_a2a.py > "$variants/evict_first.py"
+    sed "s/$load/partial = tl.load(partial_pointer, mask=mask, other=0.0, cache_modifier=\".cg\")/" \
+        generated/vllm_a2a.py > "$variants/cg.py"
+    grep -c 'evict_first\|"\.cg"' "$variants/evict_first.py" "$variants/cg.py"
+    for cache in rotated resident; do
+        flag=$([ $cache = resident ] && echo --resident)
+        timeout 170 python3 benchmarks/probe_combine.py --module committed=generated/vllm_a2a.py \
+            --module evict_first="$variants/evict_first.py" --module cg="$variants/cg.py" \
+            --module committed_again=generated/vllm_a2a.py --point 8:64:128:512 --point 4:64:128:512 \
+            --point 8:256:128:512 $flag --out "$out/probe_combine_hints_$cache.json" 2>&1 | tail -4
+    done
+    [ -n "${CHINTS_PROBES_ONLY:-}" ] && exit 0
+    workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
+    timeout 240 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py \
+        tests/test_tuning.py::test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool 2>&1 \
+        | tee "$out/gpu_tests.log" | tail -4
     ;;
 smallb)
     points=""

@@ -221,6 +221,25 @@ def test_large_maxima_keep_float32_accuracy(v2_modules: dict[str, ModuleType], g
         assert bool(torch.isfinite(got_lse).all())
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="documented limit (docs/design.md §4.2): a row whose float32 weights sum below 2^-128 merges to NaN "
+    "(its reciprocal overflows); a softmax sum is at least 1",
+)
+def test_a_row_whose_weights_sum_below_the_float32_reciprocal_range_merges(
+    v2_modules: dict[str, ModuleType], generator: Any
+) -> None:
+    # A live entry (max 0, sum 1e-39: positive, so not empty) beside an empty one: the merge is that partial.
+    module = v2_modules["trtllm_helix_nccl"]
+    N, B, h, D = 2, 1, 2, 8
+    partial_out = torch.randn(N, B, h, D, generator=generator)
+    maximum, total = torch.zeros(N, B, h), torch.full((N, B, h), 1e-39)
+    maximum[1], total[1] = -INF, 0.0
+    check_max_sum_combine(
+        module, max_sum_buffers(module, partial_out, maximum, total, B), partial_out, maximum, total, "e"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The output scale
 # ---------------------------------------------------------------------------------------------

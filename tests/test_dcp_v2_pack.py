@@ -528,6 +528,18 @@ def test_v2_arguments_are_checked(change: dict[str, Any], match: str, v2_modules
         module.pack(args.pop("out"), args.pop("lse"), bufs, **args)
 
 
+def test_a_stacked_max_sum_is_refused_after_a_pair_was_planned(v2_modules: dict[str, ModuleType]) -> None:
+    # Was: refused on a fresh plan, then accepted once the (max, sum) pair's plan was cached (the fast path
+    # unpacked the [2, B, H] tensor into the pair's key).
+    module = v2_modules["vllm_a2a"]
+    bufs = module.alloc(2, 4, 4, 8, torch.bfloat16)
+    out, maximum, total = torch.randn(2, 4, 8).to(torch.bfloat16), torch.randn(2, 4), torch.rand(2, 4) + 0.5
+    module.pack(out, bufs=bufs, max_sum=(maximum, total))
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"max_sum must be a \(max, sum\) pair .* got Tensor"):
+            module.pack(out, bufs=bufs, max_sum=torch.stack([maximum, total]))
+
+
 def test_rows_beyond_b_max_are_refused(v2_modules: dict[str, ModuleType]) -> None:
     module = v2_modules["vllm_a2a"]
     bufs = module.alloc(2, 5, 4, 8, torch.bfloat16)

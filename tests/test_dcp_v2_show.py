@@ -150,6 +150,24 @@ def test_the_cli_draws_an_empty_row(tmp_path: Path) -> None:
     assert "p0 b1 h0 d0..7 +0.0" in result.stdout and "p0 b1 h0 max -inf" in result.stdout
 
 
+def test_the_cli_takes_no_empty_rows_as_its_default_and_refuses_a_zero_elsewhere() -> None:
+    # Was: `--empty 0` (the drawing's default) refused as "extents are positive integers".
+    from typer.testing import CliRunner
+
+    from layoutgen.cli import app
+    from layoutgen.cli.common import expand_arguments
+
+    def show(*extra: str) -> Any:
+        args = ["show", "trtllm_helix_nccl", "--N", "2", "--batch", "2", "--heads", "4", "--D", "8", *extra]
+        return CliRunner().invoke(app, expand_arguments(args), env={"NO_COLOR": "1", "COLUMNS": None})
+
+    plain, zero = show(), show("--empty", "0")
+    assert zero.exit_code == 0 and zero.stdout == plain.stdout, zero.output
+    for extra, words in ((("--empty", "-1"), "non-negative"), (("--shape", "N=0"), "positive integers")):
+        refused = show(*extra)
+        assert refused.exit_code != 0 and words in f"{refused.output} {refused.exception}", refused.output
+
+
 # ---------------------------------------------------------------------------------------------
 # layoutgen build
 # ---------------------------------------------------------------------------------------------

@@ -309,6 +309,13 @@ def check_v2_world_size_one(checks: Checks, device: Any) -> None:
         bool((merged[1] == 0).all()) and bool((merged[0, 1] == 0).all()) and bool((merged[2, 3] == 0).all()),
         "world size 1: an empty request, a zero sum and a NaN max must merge to 0",
     )
+    # Was: accepted once the pair's checks were cached (the stacked tensor listed into the pair's key).
+    checks.expect_raises(
+        TypeError,
+        ["max_sum must be a (max, sum) pair", "got Tensor"],
+        lambda: exchange(out, max_sum=torch.stack([maximum, total]), empty=empty, scale=2.0, return_lse=True),
+        "world size 1: a stacked max_sum after a (max, sum) call",
+    )
 
 
 def check_v2(checks: Checks, spec: str, N: int, device: Any, exchange_fn: Any = None) -> None:

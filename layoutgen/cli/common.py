@@ -124,8 +124,10 @@ def resolve_spec_source(text: str) -> tuple[Any, Path]:
     return spec, Path(text)
 
 
-def parse_shape(items: Iterable[str], option: str = "--shape") -> dict[str, list[int]]:
-    """`["N=2,4", "D=512"]` -> {"N": [2, 4], "D": [512]}; a malformed item is a bad-input error."""
+def parse_shape(items: Iterable[str], option: str = "--shape", may_be_zero: Iterable[str] = ()) -> dict[str, list[int]]:
+    """`["N=2,4", "D=512"]` -> {"N": [2, 4], "D": [512]}; a malformed item is a bad-input error.  Extents are
+    positive, but those named in `may_be_zero` (e.g. a drawing's empty rows, 0 by default) may be 0."""
+    zero_ok = frozenset(may_be_zero)
     shape: dict[str, list[int]] = {}
     for item in items:
         name, separator, values = item.partition("=")
@@ -136,8 +138,11 @@ def parse_shape(items: Iterable[str], option: str = "--shape") -> dict[str, list
             numbers = []
         if not separator or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or not numbers:
             raise bad_input(f"{option} takes NAME=VALUE[,VALUE...], e.g. {option} N=4; got {item!r}")
-        if any(number < 1 for number in numbers):
-            raise bad_input(f"{option} {name}: extents are positive integers; got {item!r}")
+        if any(number < (0 if name in zero_ok else 1) for number in numbers):
+            what = "a non-negative integer" if name in zero_ok else "positive integers"
+            raise bad_input(
+                f"{option} {name}: {'this extent is' if name in zero_ok else 'extents are'} {what}; got {item!r}"
+            )
         shape.setdefault(name, []).extend(numbers)
     return shape
 

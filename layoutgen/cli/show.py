@@ -49,7 +49,10 @@ def _shape_of(spec: Any, shape: list[str] | None, dtype: str | None) -> tuple[di
     from layoutgen.family import get_family
 
     family = get_family(spec.family)
-    values = single_values(parse_shape(shape or []), dict(family.show_shape), f"the {family.name} family's drawing")
+    # An extent whose drawing default is 0 (DCP's empty rows) may be given as 0.
+    zero_by_default = [name for name, value in family.show_shape.items() if value == 0]
+    given = parse_shape(shape or [], may_be_zero=zero_by_default)
+    values = single_values(given, dict(family.show_shape), f"the {family.name} family's drawing")
     chosen = dtype or family.default_dtypes[0]
     if chosen not in family.dtypes:
         raise bad_input(f"--dtype {chosen}: the {family.name} family takes {', '.join(family.dtypes)}")

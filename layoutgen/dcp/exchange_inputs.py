@@ -15,20 +15,27 @@ def check_call_inputs(
     exchange: Any, out: Any, lse: Any, empty: Any, max_sum: Any, merged_out: Any = None
 ) -> tuple[int, tuple[int, ...]]:
     """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
+    # A (max, sum) pair only: a stacked tensor would list into two and match the pair's checked key (a
+    # non-pair gets no key, and the checks below name it).
+    pair = max_sum is None or isinstance(max_sum, tuple | list)
     try:
         stats = [lse] if max_sum is None else list(max_sum)
         key = (
-            out.shape,
-            out.stride(),
-            out.dtype,
-            out.device,
-            *((t.shape, t.stride(), t.dtype, t.device) for t in stats),
-            None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device),
-            lse is None,
-            max_sum is None,
             None
-            if merged_out is None
-            else (merged_out.shape, merged_out.stride(), merged_out.dtype, merged_out.device),
+            if not pair
+            else (
+                out.shape,
+                out.stride(),
+                out.dtype,
+                out.device,
+                *((t.shape, t.stride(), t.dtype, t.device) for t in stats),
+                None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device),
+                lse is None,
+                max_sum is None,
+                None
+                if merged_out is None
+                else (merged_out.shape, merged_out.stride(), merged_out.dtype, merged_out.device),
+            )
         )
     except (AttributeError, TypeError):
         key = None

@@ -83,11 +83,12 @@ def pack_v2(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: Any, 
     """pack with an `empty` mask and/or (max, sum) inputs: the call's tensors are (out, lse or max, sum or
     lse, empty or lse, *buffers); unused kernel pointers get the first statistics tensor."""
     try:
-        first, sums = (lse, None) if max_sum is None else max_sum
-        # lse and max_sum together are refused by plan_pack on every call, not only the first.
+        # Only a (max, sum) pair is unpacked here: a stacked [2, ...] tensor would unpack too and match the
+        # pair's plan, while plan_pack refuses it.  lse and max_sum together are refused on every call too.
+        first, sums = (lse, None) if max_sum is None else max_sum if isinstance(max_sum, tuple | list) else (None, None)
         plan = (
             None
-            if max_sum is not None and lse is not None
+            if (max_sum is not None and lse is not None) or first is None
             else bufs.__dict__[PLANS][pack_v2_key(owner, out, first, sums, empty, config)]
         )
     except (AttributeError, KeyError, TypeError, ValueError):
