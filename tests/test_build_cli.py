@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -177,6 +178,7 @@ def build_here(
 def fake_verification(monkeypatch: pytest.MonkeyPatch, failing: set[str]) -> list[tuple[str, str]]:
     """DCP verification reports a failure for the specs in `failing` and passes the others; returns (file,
     text) of every module it was given, read when it was verified.  No offline compile."""
+    from layoutgen import verification
     from layoutgen.family import Check, VerifyReport
     from layoutgen.tuning import offline
 
@@ -189,7 +191,12 @@ def fake_verification(monkeypatch: pytest.MonkeyPatch, failing: set[str]) -> lis
         check = Check("pack", not bad, "bytes differ in 1 shape" if bad else "bytes identical in 5 shapes")
         return VerifyReport(name, "dcp", (check,), (f"{name} pack: bytes differ",) if bad else ())
 
+    def in_this_process(paths: list[Path], on_device: Any) -> list[VerifyReport]:
+        on_device("cpu")
+        return [verification.verify_path(path, "cpu") for path in paths]
+
     monkeypatch.setattr(type(DCP_FAMILY), "verify", verify)
+    monkeypatch.setattr(verification, "verify_in_subprocess", in_this_process)  # where the fake verify is
     monkeypatch.setattr(offline, "unavailable", lambda: "faked for this test")
     return seen
 

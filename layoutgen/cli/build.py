@@ -4,7 +4,6 @@ changed)."""
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -229,26 +228,16 @@ def _withdraw(item: Any) -> str:
 
 
 def verify_modules(paths: list[Path]) -> list[Any]:
-    """Run each module against its family's torch reference and compile it offline; print a table per module
-    and each failure, and return the reports."""
-    import torch
+    """Run each module against its family's torch reference (in a child process, which a kernel writing outside
+    its buffers may kill: `layoutgen.verification`) and compile it offline; print a table per module and each
+    failure, and return the reports."""
+    from layoutgen.verification import verify_in_subprocess
 
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    from layoutgen.family import get_family
-    from layoutgen.loader import load_path
+    def header(device: str) -> None:
+        where = f"{device}{', Triton interpreter' if device == 'cpu' else ''}"
+        say(f"verifying against each family's torch reference ({where}):")
 
-    where = f"{device}{', Triton interpreter' if device == 'cpu' else ''}"
-    say(f"verifying against each family's torch reference ({where}):")
-    reports = []
-    for path in paths:
-        with warnings.catch_warnings():
-            # The interpreter's numpy log(0) for all-empty rows is the contract (-inf), not a fault.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            module = load_path(path)
-            reports.append(get_family(module.SPEC.family).verify(module, device))
-    reports = _with_offline_compiles(paths, reports)
+    reports = _with_offline_compiles(paths, verify_in_subprocess(paths, header))
     kernel_width = max((len(check.kernel) for report in reports for check in report.checks), default=0)
     for report in reports:
         say(report.spec_name, "bold")
@@ -267,9 +256,14 @@ def _with_offline_compiles(paths: list[Path], reports: list[Any]) -> list[Any]:
 
     from layoutgen.family import Check, Family, get_family
     from layoutgen.tuning.offline import check_in_subprocesses, unavailable
+    from layoutgen.verification import UNKNOWN_FAMILY
 
-    # Only the modules of families that declare offline jobs go to a compile process.
-    declares = {r.family: type(get_family(r.family)).offline_jobs is not Family.offline_jobs for r in reports}
+    # Only the modules of families that declare offline jobs go to a compile process (not a module that never
+    # loaded or whose verification died: its report names no family).
+    declares = {
+        r.family: r.family != UNKNOWN_FAMILY and type(get_family(r.family)).offline_jobs is not Family.offline_jobs
+        for r in reports
+    }
     wanted = [str(path) for path, report in zip(paths, reports, strict=True) if declares[report.family]]
     reason = unavailable() if wanted else None
     if reason is not None:

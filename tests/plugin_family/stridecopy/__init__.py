@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -94,6 +96,12 @@ class StrideCopy(Family):
         return {"transposed": spec.order == ("col", "row")}
 
     def verify(self, module: ModuleType, device: str) -> VerifyReport:
+        # Faults on demand for tests/test_build_verification.py: a spec named crash_* dies as a kernel writing far
+        # outside its buffers can make the interpreter die; one named raise_* raises.
+        if module.SPEC.name.startswith("crash_"):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if module.SPEC.name.startswith("raise_"):
+            raise RuntimeError("the family's verify broke")
         src = torch.randn(3, 5, device=device)
         got = module.copy(src)
         passed = torch.equal(got.view(torch.uint8), reference(src, module.SPEC.order).view(torch.uint8))
