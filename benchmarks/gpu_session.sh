@@ -186,6 +186,8 @@
 #                                               evict_first or .cg, beside the committed module, at N 8, B 64 (under
 #                                               sglang rotated) and two points around it, rotated and L2-resident;
 #                                               then every GPU test (as `gpu`; not with CHINTS_PROBES_ONLY=1)
+#   bash benchmarks/gpu_session.sh fresh OUT   (twenty-ninth pass) probe_fresh_combine.py: vllm_a2a's combine, committed and
+#                                               evict_first, on receive buffers just written by an exchange-like copy
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -240,6 +242,18 @@ specs = sample_specs(12, 0, 0)
 for index in (1, 7):
     with open(f'$1/unseen_dcp_{index:02d}.yaml', 'w') as handle:
         yaml.safe_dump(specs[index][0], handle, sort_keys=False)"
+}
+# vllm_a2a's generated module with its combine's partial loads marked evict_first, and .cg, as DIR/evict_first.py
+# and DIR/cg.py (twenty-ninth pass).
+#   hinted_combines DIR
+hinted_combines() {
+    mkdir -p "$1"
+    local load='partial = tl.load(partial_pointer, mask=mask, other=0.0)'
+    sed "s/$load/partial = tl.load(partial_pointer, mask=mask, other=0.0, eviction_policy=\"evict_first\")/" \
+        generated/vllm_a2a.py > "$1/evict_first.py"
+    sed "s/$load/partial = tl.load(partial_pointer, mask=mask, other=0.0, cache_modifier=\".cg\")/" \
+        generated/vllm_a2a.py > "$1/cg.py"
+    grep -c 'evict_first\|"\.cg"' "$1/evict_first.py" "$1/cg.py"
 }
 case "$step" in
 tune)
@@ -1006,13 +1020,7 @@ rebench)
     ;;
 chints)
     variants=/tmp/chints
-    mkdir -p "$variants"
-    load='partial = tl.load(partial_pointer, mask=mask, other=0.0)'
-    sed "s/$load/partial = tl.load(partial_pointer, mask=mask, other=0.0, eviction_policy=\"evict_first\")/" \
-        generated/vllm_a2a.py > "$variants/evict_first.py"
-    sed "s/$load/partial = tl.load(partial_pointer, mask=mask, other=0.0, cache_modifier=\".cg\")/" \
-        generated/vllm_a2a.py > "$variants/cg.py"
-    grep -c 'evict_first\|"\.cg"' "$variants/evict_first.py" "$variants/cg.py"
+    hinted_combines "$variants"
     for cache in rotated resident; do
         flag=$([ $cache = resident ] && echo --resident)
         timeout 170 python3 benchmarks/probe_combine.py --module committed=generated/vllm_a2a.py \
@@ -1025,6 +1033,12 @@ chints)
     timeout 240 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py \
         tests/test_tuning.py::test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool 2>&1 \
         | tee "$out/gpu_tests.log" | tail -4
+    ;;
+fresh)
+    hinted_combines /tmp/chints
+    timeout 300 python3 benchmarks/probe_fresh_combine.py --module committed=generated/vllm_a2a.py \
+        --module evict_first=/tmp/chints/evict_first.py --point 8:64:128:512 --point 4:64:128:512 \
+        --point 8:256:128:512 --point 8:1024:128:512 --out "$out/probe_fresh_combine.json" 2>&1 | tail -6
     ;;
 smallb)
     points=""
