@@ -6,8 +6,8 @@ modules are verified in a child (`python -m layoutgen.verification PATH ...`), o
 whose verification kills the child is reported as failed, naming the signal, and a fresh child goes on with
 the ones after it.  A family's `verify` that raises fails its module with the exception's message.
 
-The child writes one protocol line per event on stdout (anything else a family prints passes through), and
-its stderr reaches the parent's stderr once it ends.
+The child writes one protocol line per event on stdout (anything else a family prints passes through); its
+stderr reaches the parent's stderr once it ends, or, when it died, the failure of the module it was on.
 """
 
 from __future__ import annotations
@@ -66,14 +66,15 @@ def report_from_json(data: dict[str, Any]) -> VerifyReport:
 
 def crashed_report(path: Path, returncode: int, stderr_tail: str) -> VerifyReport:
     """The report of a module whose verification ended the child process."""
-    try:
-        how = f"signal {signal.Signals(-returncode).name}" if returncode < 0 else f"exit status {returncode}"
-    except ValueError:
-        how = f"signal {-returncode}"
-    message = (
-        f"{path.stem}: the verification process died ({how}): a kernel that reads or writes outside its buffers "
-        "does this"
-    )
+    if returncode >= 0:
+        how = f"exit status {returncode}"
+    else:
+        try:
+            how = f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"signal {-returncode}"
+        how += "; a kernel that reads or writes outside its buffers can do this"
+    message = f"{path.stem}: the verification process died ({how})"
     detail = f"{message}; its last output:\n{stderr_tail}" if stderr_tail else message
     return VerifyReport(path.stem, UNKNOWN_FAMILY, (Check("(all)", False, message),), (detail,))
 
@@ -139,9 +140,8 @@ def verify_in_subprocess(paths: list[Path], on_device: Callable[[str], None]) ->
         remaining = paths[len(reports) :]
         finished, returncode, stderr = _run_child(remaining, device_once)
         reports += finished
-        if stderr:
-            sys.stderr.write(stderr)
         if len(finished) == len(remaining):
+            sys.stderr.write(stderr)
             break
         tail = "\n".join(stderr.strip().splitlines()[-STDERR_LINES:])
         if not heard:  # died before verifying anything: every module would do the same
