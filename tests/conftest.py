@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -306,14 +306,25 @@ def dcp_grid(N: int, H: int, D: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return (("N", (N,)), ("H", (H,)), ("D", (D,)))
 
 
-def pairwise(factors: dict[str, tuple[Any, ...]], seed: int = 21, candidates: int = 60) -> list[dict[str, Any]]:
-    """A small set of cases covering every pair of values of every two factors (greedy, seeded)."""
+def pairwise(
+    factors: dict[str, tuple[Any, ...]],
+    seed: int = 21,
+    candidates: int = 60,
+    excluded: Callable[[str, Any, str, Any], bool] = lambda a, va, b, vb: False,
+) -> list[dict[str, Any]]:
+    """A small set of cases covering every pair of values of every two factors (greedy, seeded), but the pairs
+    `excluded(factor_a, value_a, factor_b, value_b)` names (factors in `factors`' order), which no case holds."""
     names = list(factors)
+
+    def impossible(a: str, va: int, b: str, vb: int) -> bool:
+        return excluded(a, factors[a][va], b, factors[b][vb])
+
     uncovered = {
         (a, va, b, vb)
         for a, b in itertools.combinations(names, 2)
         for va in range(len(factors[a]))
         for vb in range(len(factors[b]))
+        if not impossible(a, va, b, vb)
     }
     rng = random.Random(seed)
     cases = []
@@ -323,6 +334,8 @@ def pairwise(factors: dict[str, tuple[Any, ...]], seed: int = 21, candidates: in
         for _ in range(candidates):
             pick = {name: rng.randrange(len(factors[name])) for name in names}
             pick[a], pick[b] = va, vb
+            if any(impossible(x, pick[x], y, pick[y]) for x, y in itertools.combinations(names, 2)):
+                continue
             gain = sum((x, pick[x], y, pick[y]) in uncovered for x, y in itertools.combinations(names, 2))
             if gain > best_gain:
                 best, best_gain = pick, gain

@@ -140,6 +140,17 @@ def awkward_out(spec: DcpSpec, B: int, H: int, D: int, dtype: torch.dtype, gener
     return out.to(dtype)
 
 
+def some_rows(B: int, generator: torch.Generator) -> torch.Tensor:
+    """Some of B rows marked empty: at least one, and from two rows up at least one left live (a draw of rand
+    < 0.4 alone emptied none of the 5 rows of one test, which then never masked)."""
+    mask = torch.rand(B, generator=generator) < 0.4
+    order = torch.randperm(B, generator=generator)
+    mask[order[0]] = True
+    if B > 1:
+        mask[order[1]] = False
+    return mask
+
+
 def pack_case(
     module: Any, N: int, B: int, h: int, D: int, dtype: torch.dtype, generator: torch.Generator, form: str, mask: str,
     config: Any = None, B_max: int | None = None,
@@ -151,9 +162,7 @@ def pack_case(
     out = awkward_out(spec, B, H, D, dtype, generator)
     stats = torch.randn(B, H, generator=generator) * 4
     sums = 1 + 8 * torch.rand(B, H, generator=generator)
-    empty = {"none": None, "some": torch.rand(B, generator=generator) < 0.4, "all": torch.ones(B, dtype=torch.bool)}[
-        mask
-    ]
+    empty = {"none": None, "some": some_rows(B, generator), "all": torch.ones(B, dtype=torch.bool)}[mask]
     masked = torch.zeros(B, dtype=torch.bool) if empty is None else empty
     B_max = B + 1 if B_max is None else B_max
     ours = filled(module.alloc(N, B_max, H, D, dtype))

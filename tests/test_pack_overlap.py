@@ -15,6 +15,7 @@ import torch
 from conftest import CANARY, requires_interpreter
 
 import layoutgen
+from layoutgen.dcp import reference
 
 pytestmark = requires_interpreter
 
@@ -125,8 +126,11 @@ def test_stats_inputs_and_the_mask_are_checked_too(generator: torch.Generator) -
 def test_inputs_next_to_the_buffers_pack(generator: torch.Generator) -> None:
     """One allocation holding the payload and, right after it, `out`: adjacent is not overlapping."""
     module, bufs, out, lse = _setup("vllm_a2a", generator)
+    # Against the reference, canary around: a pack compared with another pack would hide a bug both share.
     want = module.alloc(N, B, H, D, torch.bfloat16)
-    module.pack(out, lse, want)
+    for tensor in want.tensors.values():
+        _bytes_of(tensor).fill_(CANARY)
+    reference.pack(out, lse, want)
     own, beside = _payload_then_out(module, bufs, out, gap=0)
     module.pack(beside, lse, own)
     for name, tensor in want.tensors.items():
