@@ -124,16 +124,19 @@ def test_the_gate_passes_the_kernels_and_catches_a_wrong_one(monkeypatch: pytest
         assert workload.gate(config, seed=1) is None
         assert workload.gate(FAMILY.default_config(workload.problem, 3), seed=2) is None
         launch = getattr(module, f"_launch_{kernel}")
+        # The first and the last tensor each (was: the first only, which a gate checking one tensor passed).
+        for which in (0, -1):
 
-        def off_by_one(*args: Any, launch: Any = launch, scatters: bool = kernel == "scatter", **kwargs: Any) -> None:
-            launch(*args, **kwargs)
-            target = args[-3] if scatters else args[1]  # the send buffers, or the first output
-            tensor = next(iter(target.tensors.values())) if scatters else target
-            tensor.view(-1)[-1] += 1
+            def off_by_one(*args: Any, launch: Any = launch, scatters: bool = kernel == "scatter", which: int = which,
+                           **kwargs: Any) -> None:  # fmt: skip
+                launch(*args, **kwargs)
+                # scatter(q, k, v, bufs, config, index_64): a send buffer; gather(bufs, q, k, v, ...): an output.
+                tensor = list(args[3].tensors.values())[which] if scatters else args[1:4][which]
+                tensor.view(-1)[-1] += 1
 
-        monkeypatch.setattr(module, f"_launch_{kernel}", off_by_one)
-        assert "bytes differ" in (workload.gate(config, seed=3) or "")
-        monkeypatch.undo()
+            monkeypatch.setattr(module, f"_launch_{kernel}", off_by_one)
+            assert "bytes differ" in (workload.gate(config, seed=3) or ""), (kernel, which)
+            monkeypatch.undo()
 
 
 @requires_interpreter

@@ -24,6 +24,7 @@ from ulysses_cases import (
     KERNELS,
     STRIDE_KINDS,
     default_configs,
+    identity_twins,
     make_shape,
     run_pass,
     same_bytes,
@@ -83,14 +84,12 @@ def random_module(data: dict[str, Any], directory: Path) -> ModuleType:
 
 
 def round_trip_holds(module: Any, result: Any) -> None:
-    """Identity attention: gather_out returns, for each output, the shard of the first input with its heads."""
-    spec = module.SPEC
-    for tensor in spec.from_attention.tensors:
-        twin = next((t.name for t in spec.to_attention.tensors if t.heads is tensor.heads), None)
+    """Identity attention: gather_out returns, for each output with a twin (`identity_twins`), that input's shard."""
+    for name, twin in identity_twins(module.SPEC).items():
         if twin is None:
             continue
         for rank, (shards, returned) in enumerate(zip(result.shards, result.returned, strict=True)):
-            assert same_bytes(returned[tensor.name], shards[twin]), f"round trip rank {rank}: {tensor.name} != {twin}"
+            assert same_bytes(returned[name], shards[twin]), f"round trip rank {rank}: {name} != {twin}"
 
 
 @pytest.mark.parametrize("name", BUNDLED)

@@ -170,6 +170,18 @@ class Pass:
     returned: list[dict[str, torch.Tensor]]
 
 
+def identity_twins(spec: UlyssesSpec) -> dict[str, str | None]:
+    """For each attention output, the input an identity attention returns as it: the first input with its head
+    count, for the first output with that count only (a second output, e.g. a residual beside `out`, gets its
+    own random bytes, so that swapping the two shows)."""
+    twins: dict[str, str | None] = {}
+    for tensor in spec.from_attention.tensors:
+        first = all(spec_tensor.heads is not tensor.heads for spec_tensor in spec.from_attention.tensors[: len(twins)])
+        twin = next((t.name for t in spec.to_attention.tensors if t.heads is tensor.heads), None)
+        twins[tensor.name] = twin if first else None
+    return twins
+
+
 def run_pass(module: ModuleType, shape: Shape, generator: torch.Generator, configs: dict[str, TileConfig | None],
              stride_kind: str = "contiguous", fresh: bool = True, device: str = "cpu") -> Pass:  # fmt: skip
     """Every kernel of `module` on every rank, each output checked byte for byte against the reference
@@ -213,12 +225,13 @@ def run_pass(module: ModuleType, shape: Shape, generator: torch.Generator, confi
             new = as_tuple(module.gather(received[rank], config=configs["gather"]))
             assert all(same_bytes(f, want[n]) for f, n in zip(new, to_names, strict=True)), "gather into new tensors"
         gathered.append(want)
-    # Identity attention: each output is the first gathered tensor with its head count (else random).
+    # Identity attention for the outputs that have a twin (`identity_twins`), random bytes for the others.
     outputs = []
+    twins = identity_twins(spec)
     for rank in range(N):
         chosen = {}
         for tensor in spec.from_attention.tensors:
-            twin = next((t.name for t in spec.to_attention.tensors if t.heads is tensor.heads), None)
+            twin = twins[tensor.name]
             extents = tensor_shape(spec, shape, tensor, "attention")
             chosen[tensor.name] = (
                 gathered[rank][twin] if twin else random_tensor(extents, shape.dtype, generator).to(device)
@@ -241,6 +254,15 @@ def run_pass(module: ModuleType, shape: Shape, generator: torch.Generator, confi
         got = {t.name: tensor for t, tensor in zip(spec.from_attention.tensors, result, strict=True)}
         for name, tensor in got.items():
             assert same_bytes(tensor, want[name]), f"gather_out rank {rank}: {name} differs from the reference"
+        # Into the caller's (strided, guarded) tensors too: nothing else checks the bytes `out=` receives.
+        from_names = list(got)
+        outs = [guarded_output(tuple(want[name].shape), shape.dtype, stride_kind, device) for name in from_names]
+        into = as_tuple(module.gather_out(received_out[rank], out=tuple(v for v, _ in outs) if len(outs) > 1
+                                          else outs[0][0], config=configs["gather_out"]))  # fmt: skip
+        for name, tensor, (view, storage) in zip(from_names, into, outs, strict=True):
+            assert tensor is view
+            assert same_bytes(tensor, want[name]), f"gather_out(out=) rank {rank}: {name} differs from the reference"
+            assert untouched_outside(storage, [view]), f"gather_out rank {rank} wrote outside {name}"
         returned.append(got)
     return Pass(shards, gathered, returned)
 
