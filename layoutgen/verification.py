@@ -92,8 +92,7 @@ def main(arguments: list[str]) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before any module's kernels are defined
     device = "cuda" if torch.cuda.is_available() else "cpu"
     _emit("device", device)
-    for argument in arguments:
-        _emit("start", argument)
+    for argument in arguments:  # a child that dies was on the module after its last report
         _emit("report", report_to_json(verify_path(Path(argument), device)))
     return 0
 

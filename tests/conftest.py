@@ -383,13 +383,33 @@ def one_rank_group() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def problems_of_gloo_ranks(worker: Any, world: int) -> dict[int, list[str]]:
-    """Run `worker(rank, store_path, reports)` on `world` spawned processes (a gloo group over a file store at
-    `store_path`); each puts `(rank, problems)` on `reports`. Returns rank -> problems."""
+def _gloo_rank(rank: int, worker: Any, world: int, store: str, reports: Any, timeout_s: float) -> None:
+    """One spawned rank: join the gloo group, run `worker(rank, problems)`, leave the group and report the
+    problems (an exception the worker raised among them, after this rank's collectives)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=timeout_s))  # fmt: skip
+    problems: list[str] = []
+    try:
+        worker(rank, problems)
+    except Exception as error:  # reported to the parent
+        problems.append(f"{type(error).__name__}: {error}")
+    finally:
+        dist.destroy_process_group()
+    reports.put((rank, problems))
+
+
+def problems_of_gloo_ranks(worker: Any, world: int, timeout_s: float) -> dict[int, list[str]]:
+    """Run `worker(rank, problems)` on `world` spawned processes joined in a gloo group (collectives time out
+    after `timeout_s`); each appends what it found wrong to `problems`. Returns rank -> problems."""
     import torch.multiprocessing as mp
 
     reports = mp.get_context("spawn").Queue()
     with tempfile.TemporaryDirectory() as directory:
-        mp.start_processes(worker, args=(os.path.join(directory, "store"), reports), nprocs=world,
-                           start_method="spawn", join=True)  # fmt: skip
+        mp.start_processes(_gloo_rank, args=(worker, world, os.path.join(directory, "store"), reports, timeout_s),
+                           nprocs=world, start_method="spawn", join=True)  # fmt: skip
     return dict(reports.get(timeout=10) for _ in range(world))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -170,54 +169,44 @@ def _expect(problems: list[str], label: str, build: Callable[[], Any], words: li
             problems.append(f"{label}: {type(error).__name__}: {error} (wanted {words})")
 
 
-def _agreement_worker(rank: int, store: str, reports: Any) -> None:
+def _agreement_worker(rank: int, problems: list[str]) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=15))  # fmt: skip
-    problems: list[str] = []
-    try:
-        # One rank's H is refused by its own check (H % N, after joining the group): the others name it, and H.
-        for kind, build in (("DcpExchange", _dcp), ("UlyssesExchange", _ulysses)):
-            if rank == 1:
-                _expect(problems, f"{kind} H=5", build(H=5), ["divisible"])
-            else:
-                words = [
-                    f"{kind} was not built: rank 1 of the group refused its arguments",
-                    f"H (5 on rank 1, 6 on rank {rank})",
-                ]
-                _expect(problems, f"{kind} beside H=5", build(), words)
-        # Refused before joining the group (dtype), and by two ranks at once (B_max on rank 1, dtype on rank 2).
-        if rank == 2:
-            _expect(problems, "dtype int32", _dcp(dtype=torch.int32), ["dtype must be one of"])
+    # One rank's H is refused by its own check (H % N, after joining the group): the others name it, and H.
+    for kind, build in (("DcpExchange", _dcp), ("UlyssesExchange", _ulysses)):
+        if rank == 1:
+            _expect(problems, f"{kind} H=5", build(H=5), ["divisible"])
         else:
-            _expect(problems, "beside dtype int32", _dcp(), ["rank 2 of the group refused", "differs", "dtype"])
-        changes: dict[int, dict[str, Any]] = {1: {"B_max": 0}, 2: {"dtype": torch.int32}}
-        refusals = {0: ["ranks 1, 2 of the group refused their arguments"], 1: ["B_max"], 2: ["dtype must be one of"]}
-        _expect(problems, "two ranks refused", _dcp(**changes.get(rank, {})), refusals[rank])
-        # Valid on every rank but different (already refused on every rank): the values are named.
-        _expect(problems, "D differs", _ulysses(D=4 + 4 * (rank == 2)), ["disagrees with rank", "D ("])
-        # A valid exchange afterwards: the collectives are still in step.
-        exchange = _dcp()()
-        merged = exchange(torch.ones(2, 6, 8), torch.zeros(2, 6))
-        if not torch.allclose(merged, torch.ones(2, 2, 8)):
-            problems.append(f"the exchange after the refusals merged {merged.flatten()[:4].tolist()}")
-        # B. exchange over a subgroup this rank is not in.
-        module = layoutgen.load("pynccl_a2a")
-        send, recv = (module.alloc(2, 2, 4, 8, torch.float32, "cpu") for _ in range(2))
-        subgroup = dist.new_group([0, 1])
-        if rank == 2:
-            words = ["this process (global rank 2) is not a member of the group passed to exchange"]
-            _expect(problems, "exchange outside the subgroup", lambda: module.exchange(send, recv, subgroup), words)
-        else:
-            module.exchange(send, recv, subgroup)
-        dist.barrier()
-    except Exception as error:  # reported to the parent
-        problems.append(f"{type(error).__name__}: {error}")
-    finally:
-        dist.destroy_process_group()
-    reports.put((rank, problems))
+            words = [
+                f"{kind} was not built: rank 1 of the group refused its arguments",
+                f"H (5 on rank 1, 6 on rank {rank})",
+            ]
+            _expect(problems, f"{kind} beside H=5", build(), words)
+    # Refused before joining the group (dtype), and by two ranks at once (B_max on rank 1, dtype on rank 2).
+    if rank == 2:
+        _expect(problems, "dtype int32", _dcp(dtype=torch.int32), ["dtype must be one of"])
+    else:
+        _expect(problems, "beside dtype int32", _dcp(), ["rank 2 of the group refused", "differs", "dtype"])
+    changes: dict[int, dict[str, Any]] = {1: {"B_max": 0}, 2: {"dtype": torch.int32}}
+    refusals = {0: ["ranks 1, 2 of the group refused their arguments"], 1: ["B_max"], 2: ["dtype must be one of"]}
+    _expect(problems, "two ranks refused", _dcp(**changes.get(rank, {})), refusals[rank])
+    # Valid on every rank but different (already refused on every rank): the values are named.
+    _expect(problems, "D differs", _ulysses(D=4 + 4 * (rank == 2)), ["disagrees with rank", "D ("])
+    # A valid exchange afterwards: the collectives are still in step.
+    exchange = _dcp()()
+    merged = exchange(torch.ones(2, 6, 8), torch.zeros(2, 6))
+    if not torch.allclose(merged, torch.ones(2, 2, 8)):
+        problems.append(f"the exchange after the refusals merged {merged.flatten()[:4].tolist()}")
+    # B. exchange over a subgroup this rank is not in.
+    module = layoutgen.load("pynccl_a2a")
+    send, recv = (module.alloc(2, 2, 4, 8, torch.float32, "cpu") for _ in range(2))
+    subgroup = dist.new_group([0, 1])
+    if rank == 2:
+        words = ["this process (global rank 2) is not a member of the group passed to exchange"]
+        _expect(problems, "exchange outside the subgroup", lambda: module.exchange(send, recv, subgroup), words)
+    else:
+        module.exchange(send, recv, subgroup)
+    dist.barrier()
 
 
 def test_every_rank_raises_when_one_refuses_its_exchange_arguments() -> None:
-    assert problems_of_gloo_ranks(_agreement_worker, WORLD) == {rank: [] for rank in range(WORLD)}
+    assert problems_of_gloo_ranks(_agreement_worker, WORLD, timeout_s=15) == {rank: [] for rank in range(WORLD)}

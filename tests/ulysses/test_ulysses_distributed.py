@@ -8,12 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from conftest import REPO_ROOT, generated_module, problems_of_gloo_ranks, requires_interpreter
 
 from layoutgen.ulysses import reference
@@ -37,68 +35,58 @@ def _expected(spec: Any, shape: Shape, shards: list[dict[str, torch.Tensor]], ra
     return reference.gather(reference.exchange(sends)[rank])
 
 
-def _worker(rank: int, store: str, failures: Any) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=120))  # fmt: skip
+def _worker(rank: int, problems: list[str]) -> None:
     from layoutgen.ulysses.distributed import UlyssesExchange
 
-    problems = []
-    try:
-        module = generated_module("ulysses_qkv_gqa")
-        spec = module.SPEC
-        exchange = UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4, dtype=torch.bfloat16, device="cpu")
-        for S_local in (2, 3, 2):  # shorter than S_max, the whole buffers, and the cached views again
-            shape = Shape(N=WORLD, S_local=S_local, H=4, H_kv=2, D=4, dtype=torch.bfloat16)
-            shards = _shards(spec, shape, seed=S_local)
-            got = exchange.to_attention(*shards[rank].values())
-            want = _expected(spec, shape, shards, rank)
-            if not all(
-                torch.equal(g.view(torch.int16), w.view(torch.int16)) for g, w in zip(got, want.values(), strict=True)
-            ):
-                problems.append(f"to_attention at S_local={S_local} differs from the reference")
-            mine = exchange.from_attention(got[0])
-            if not torch.equal(mine.view(torch.int16), shards[rank]["q"].view(torch.int16)):
-                problems.append(f"from_attention(to_attention(q)) is not q at S_local={S_local}")
-        shape = Shape(N=WORLD, S_local=3, H=4, H_kv=2, D=4, dtype=torch.bfloat16)
-        shards = _shards(spec, shape, seed=7)
-        send, recv = (
-            module.alloc(WORLD, 3, 4, 4, torch.bfloat16, H_kv=2),
-            module.alloc(WORLD, 3, 4, 4, torch.bfloat16, H_kv=2),
-        )
-        module.scatter(*shards[rank].values(), send)
-        module.exchange(send, recv)
+    module = generated_module("ulysses_qkv_gqa")
+    spec = module.SPEC
+    exchange = UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4, dtype=torch.bfloat16, device="cpu")
+    for S_local in (2, 3, 2):  # shorter than S_max, the whole buffers, and the cached views again
+        shape = Shape(N=WORLD, S_local=S_local, H=4, H_kv=2, D=4, dtype=torch.bfloat16)
+        shards = _shards(spec, shape, seed=S_local)
+        got = exchange.to_attention(*shards[rank].values())
+        want = _expected(spec, shape, shards, rank)
         if not all(
-            torch.equal(g, w)
-            for g, w in zip(module.gather(recv), _expected(spec, shape, shards, rank).values(), strict=True)
+            torch.equal(g.view(torch.int16), w.view(torch.int16)) for g, w in zip(got, want.values(), strict=True)
         ):
-            problems.append("module.exchange delivered other bytes than the reference exchange")
-        too_long = _shards(spec, Shape(N=WORLD, S_local=4, H=4, H_kv=2, D=4, dtype=torch.bfloat16), seed=1)[rank]
-        for call, words in (
-            (lambda: exchange.to_attention(*too_long.values()), "to_attention: q has S_local=4 rows; this "),
-            (lambda: exchange.from_attention(torch.zeros(8, 2, 4, dtype=torch.bfloat16)), "1 to 6 rows here"),
-        ):
-            try:
-                call()
-                problems.append(f"no error for {words!r}")
-            except ValueError as error:
-                if words not in str(error) or "S_max=3" not in str(error):
-                    problems.append(f"unclear row-count error: {error}")
+            problems.append(f"to_attention at S_local={S_local} differs from the reference")
+        mine = exchange.from_attention(got[0])
+        if not torch.equal(mine.view(torch.int16), shards[rank]["q"].view(torch.int16)):
+            problems.append(f"from_attention(to_attention(q)) is not q at S_local={S_local}")
+    shape = Shape(N=WORLD, S_local=3, H=4, H_kv=2, D=4, dtype=torch.bfloat16)
+    shards = _shards(spec, shape, seed=7)
+    send, recv = (
+        module.alloc(WORLD, 3, 4, 4, torch.bfloat16, H_kv=2),
+        module.alloc(WORLD, 3, 4, 4, torch.bfloat16, H_kv=2),
+    )
+    module.scatter(*shards[rank].values(), send)
+    module.exchange(send, recv)
+    if not all(
+        torch.equal(g, w)
+        for g, w in zip(module.gather(recv), _expected(spec, shape, shards, rank).values(), strict=True)
+    ):
+        problems.append("module.exchange delivered other bytes than the reference exchange")
+    too_long = _shards(spec, Shape(N=WORLD, S_local=4, H=4, H_kv=2, D=4, dtype=torch.bfloat16), seed=1)[rank]
+    for call, words in (
+        (lambda: exchange.to_attention(*too_long.values()), "to_attention: q has S_local=4 rows; this "),
+        (lambda: exchange.from_attention(torch.zeros(8, 2, 4, dtype=torch.bfloat16)), "1 to 6 rows here"),
+    ):
         try:
-            UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4 + 4 * rank, dtype=torch.bfloat16, device="cpu")
-            problems.append("ranks built with different D were not refused")
+            call()
+            problems.append(f"no error for {words!r}")
         except ValueError as error:
-            if "disagrees with rank" not in str(error) or "D" not in str(error):
-                problems.append(f"unclear disagreement error: {error}")
-    except Exception as error:  # reported to the parent, after every rank finished its collectives
-        problems.append(f"{type(error).__name__}: {error}")
-    finally:
-        dist.destroy_process_group()
-    failures.put((rank, problems))
+            if words not in str(error) or "S_max=3" not in str(error):
+                problems.append(f"unclear row-count error: {error}")
+    try:
+        UlyssesExchange("ulysses_qkv_gqa", S_max=3, H=4, H_kv=2, D=4 + 4 * rank, dtype=torch.bfloat16, device="cpu")
+        problems.append("ranks built with different D were not refused")
+    except ValueError as error:
+        if "disagrees with rank" not in str(error) or "D" not in str(error):
+            problems.append(f"unclear disagreement error: {error}")
 
 
 def test_the_exchange_on_gloo_matches_the_reference() -> None:
-    assert problems_of_gloo_ranks(_worker, WORLD) == {rank: [] for rank in range(WORLD)}
+    assert problems_of_gloo_ranks(_worker, WORLD, timeout_s=120) == {rank: [] for rank in range(WORLD)}
 
 
 def test_the_example_runs_end_to_end_on_two_gloo_ranks() -> None:
