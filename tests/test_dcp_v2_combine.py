@@ -221,23 +221,30 @@ def test_large_maxima_keep_float32_accuracy(v2_modules: dict[str, ModuleType], g
         assert bool(torch.isfinite(got_lse).all())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="documented limit (docs/design.md §4.2): a row whose float32 weights sum below 2^-128 merges to NaN "
-    "(its reciprocal overflows); a softmax sum is at least 1",
-)
+# (sum, the second entry's max) for live entries whose float32 weights sum below 2^-64, where the combine lifts the
+# row by 2^64: below 1 / FLT_MAX (a reciprocal that would overflow), just under the lift's bound, and float32's
+# least subnormal (a weight of one bit: equal maxima keep both weights exact).
+TINY_SUMS = ((1e-39, -0.5), (5.0e-20, -0.5), (1.401298464324817e-45, 0.0))
+
+
+@pytest.mark.parametrize(("total_value", "second_max"), TINY_SUMS)
+@pytest.mark.parametrize("spec_name", MAX_SUM_SPECS)
 def test_a_row_whose_weights_sum_below_the_float32_reciprocal_range_merges(
-    v2_modules: dict[str, ModuleType], generator: Any
+    spec_name: str, total_value: float, second_max: float, v2_modules: dict[str, ModuleType], generator: Any
 ) -> None:
-    # A live entry (max 0, sum 1e-39: positive, so not empty) beside an empty one: the merge is that partial.
-    module = v2_modules["trtllm_helix_nccl"]
-    N, B, h, D = 2, 1, 2, 8
+    # Row 0: one live entry beside an empty one (the merge is that partial). Row 1: two live tiny entries.
+    # Row 2: ordinary stats beside them, whose bits the lift must not change.
+    module = v2_modules[spec_name]
+    N, B, h, D = 2, 3, 2, 8
     partial_out = torch.randn(N, B, h, D, generator=generator)
-    maximum, total = torch.zeros(N, B, h), torch.full((N, B, h), 1e-39)
-    maximum[1], total[1] = -INF, 0.0
-    check_max_sum_combine(
+    maximum, total = torch.randn(N, B, h, generator=generator), 1 + torch.rand(N, B, h, generator=generator)
+    maximum[:, :2], total[:, :2] = 0.0, total_value
+    maximum[1, 0], total[1, 0] = -INF, 0.0
+    maximum[1, 1] = second_max
+    got, _ = check_max_sum_combine(
         module, max_sum_buffers(module, partial_out, maximum, total, B), partial_out, maximum, total, "e"
     )
+    torch.testing.assert_close(got[0], partial_out[0, 0].to(got.dtype), rtol=1e-6, atol=0.0)
 
 
 # ---------------------------------------------------------------------------------------------
