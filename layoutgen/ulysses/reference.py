@@ -145,9 +145,14 @@ def _to_wire(
     wires = {name: tensor.permute(_permutation(names, axes)).contiguous() for name, (tensor, names) in grouped.items()}
     if not direction.shared:
         return wires
-    # One buffer: each tensor's block of the axes inside `tensor`, flattened, concatenated along that axis.
+    # One buffer: each tensor's block of the axes inside `tensor`, flattened, concatenated along that axis
+    # (with `tensor` innermost a block is one element: a new last axis).
     outer = direction.wire.index("tensor")
-    return {"wire": torch.cat([wires[t.name].flatten(outer) for t in direction.tensors], dim=outer)}
+
+    def block(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.flatten(outer) if outer < tensor.dim() else tensor.unsqueeze(outer)
+
+    return {"wire": torch.cat([block(wires[t.name]) for t in direction.tensors], dim=outer)}
 
 
 def _from_wire(

@@ -28,6 +28,7 @@ from ulysses_cases import (
     make_shape,
     run_pass,
     same_bytes,
+    spec_data,
     tiny_configs,
 )
 
@@ -39,43 +40,6 @@ from layoutgen.ulysses.layout import UlyssesBuffers, tensor_shape
 
 pytestmark = requires_interpreter
 FAST = {"deadline": None, "derandomize": True}
-
-
-NAMES = ("q", "k", "v", "x", "gate", "out2")
-
-
-@st.composite
-def spec_data(draw: Any) -> dict[str, Any]:
-    """Any valid spec: axis orders, batch or not, transports, one to three tensors of either head count, a
-    buffer per tensor or a shared one with its tensor axis anywhere it may go."""
-    batch = draw(st.booleans())
-    base = ["seq", "head", "dim", *(["batch"] if batch else [])]
-    transport = draw(st.sampled_from(["all_to_all_single", "external"]))
-
-    def direction() -> dict[str, Any]:
-        count = draw(st.integers(1, 3))
-        names = draw(st.permutations(NAMES))[:count]
-        tensors = [{"name": n, "heads": draw(st.sampled_from(["H", "H_kv"]))} for n in names]
-        axes = [*draw(st.permutations(base))]
-        axes.insert(0 if transport == "all_to_all_single" else draw(st.integers(0, len(axes))), "peer")
-        if draw(st.booleans()):
-            low = 1 if transport == "all_to_all_single" else 0
-            position = draw(st.integers(low, len(axes)))
-            if len({t["heads"] for t in tensors}) > 1:
-                position = max(low, min(position, axes.index("head")))  # different head counts: head inside
-            axes.insert(position, "tensor")
-        return {"tensors": tensors, "wire": axes}
-
-    return {
-        "family": "ulysses",
-        "name": "random_ulysses",
-        "summary": "drawn by hypothesis",
-        "transport": transport,
-        "local": [*draw(st.permutations(base))],
-        "attention": [*draw(st.permutations(base))],
-        "to_attention": direction(),
-        "from_attention": direction(),
-    }
 
 
 def random_module(data: dict[str, Any], directory: Path) -> ModuleType:

@@ -15,7 +15,8 @@ from typing import Any
 from conftest import compile_offline_in_subprocess, render_module
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from test_ulysses_kernels import FOUR_ALTERNATING, GQA_HEAD_INNERMOST, INTERLEAVED, spec_data
+from test_ulysses_kernels import FOUR_ALTERNATING, GQA_HEAD_INNERMOST, INTERLEAVED
+from ulysses_cases import spec_data
 
 from layoutgen.spec import parse_spec
 

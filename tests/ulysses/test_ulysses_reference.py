@@ -7,14 +7,18 @@ all_to_all_single: an oracle independent of the spec machinery.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from conftest import generated_module
-from ulysses_cases import BUNDLED, make_shape, random_tensor, same_bytes
+from hypothesis import given, settings
+from ulysses_cases import BUNDLED, make_shape, random_tensor, same_bytes, spec_data
 
+from layoutgen.spec import parse_spec
 from layoutgen.ulysses import reference
 from layoutgen.ulysses.layout import Shape, UlyssesBuffers, tensor_shape
-from layoutgen.ulysses.spec import UlyssesSpec
+from layoutgen.ulysses.spec import Transport, UlyssesSpec
 
 N, S_LOCAL, B, HEADS, D = 3, 2, 2, 2, 4  # heads per peer
 H = N * HEADS
@@ -128,9 +132,17 @@ def test_the_shared_gqa_wire_is_q_then_k_then_v_per_peer(generator: torch.Genera
     assert same_bytes(ours.tensors["wire"], torch.cat(per_peer, dim=1))
 
 
-@pytest.mark.parametrize("name", BUNDLED)
-def test_the_naive_torch_path_matches_the_reference(name: str, generator: torch.Generator) -> None:
-    spec = generated_module(name).SPEC
+def exchanged(naive_sends: list[dict[str, torch.Tensor]], recv: list[UlyssesBuffers]) -> list[dict[str, torch.Tensor]]:
+    """What the naive path receives: its own exchange where every wire holds peer outermost (one
+    all_to_all_single per tensor, as engines call it), else the reference's received bytes."""
+    if recv[0].spec.transport is Transport.ALL_TO_ALL_SINGLE:
+        return reference.naive_exchange(naive_sends)
+    return [dict(bufs.tensors) for bufs in recv]
+
+
+def check_naive_path(spec: UlyssesSpec, generator: torch.Generator) -> None:
+    """The naive path's send buffers, gathered tensors, output send buffers and returned shards are the
+    reference's, byte for byte, for N ranks exchanging in-process."""
     shape = make_shape(spec, N, S_LOCAL, HEADS, 1, D, B=B)
     shards = [{t.name: random_tensor(tensor_shape(spec, shape, t, "local"), shape.dtype, generator)
                for t in spec.to_attention.tensors} for _ in range(N)]  # fmt: skip
@@ -141,24 +153,38 @@ def test_the_naive_torch_path_matches_the_reference(name: str, generator: torch.
     for send, naive in zip(sends, naive_sends, strict=True):
         assert all(same_bytes(naive[buffer], send.tensors[buffer]) for buffer in send.tensors)
     recv = reference.exchange(sends)
-    naive_recv = reference.naive_exchange(naive_sends)
-    outputs = []
+    naive_recv = exchanged(naive_sends, recv)
     for rank in range(N):
         want = reference.gather(recv[rank])
         got = reference.naive_gather(spec, shape, naive_recv[rank])
         assert all(same_bytes(got[n], want[n]) for n in want)
-        outputs.append({t.name: want[spec.to_attention.tensors[0].name] for t in spec.from_attention.tensors})
+    outputs = [{t.name: random_tensor(tensor_shape(spec, shape, t, "attention"), shape.dtype, generator)
+                for t in spec.from_attention.tensors} for _ in range(N)]  # fmt: skip
     sends_out = [UlyssesBuffers.allocate(spec, "from_attention", shape) for _ in range(N)]
     for output, send in zip(outputs, sends_out, strict=True):
         reference.scatter_out(output, send)
     naive_out = [reference.naive_scatter_out(spec, shape, output) for output in outputs]
     for send, naive in zip(sends_out, naive_out, strict=True):
         assert all(same_bytes(naive[buffer], send.tensors[buffer]) for buffer in send.tensors)
-    recv_out, naive_recv_out = reference.exchange(sends_out), reference.naive_exchange(naive_out)
+    recv_out = reference.exchange(sends_out)
+    naive_recv_out = exchanged(naive_out, recv_out)
     for rank in range(N):
         want = reference.gather_out(recv_out[rank])
         got = reference.naive_gather_out(spec, shape, naive_recv_out[rank])
         assert all(same_bytes(got[n], want[n]) for n in want)
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_the_naive_torch_path_matches_the_reference(name: str, generator: torch.Generator) -> None:
+    check_naive_path(generated_module(name).SPEC, generator)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=spec_data())
+def test_the_naive_torch_path_of_any_spec_matches_the_reference(data: dict[str, Any]) -> None:
+    spec = parse_spec(data, source="<hypothesis>")
+    assert isinstance(spec, UlyssesSpec)
+    check_naive_path(spec, torch.Generator().manual_seed(0))
 
 
 def test_the_reference_refuses_other_tensors() -> None:

@@ -1,16 +1,33 @@
-"""`layoutgen show` / `diff` for Ulysses specs: every byte of both wires is one tensor's element, labels name
-the tensor and its indices, and bad drawing shapes are clear errors."""
+"""`layoutgen show` / `diff` for Ulysses specs: every byte of both wires is one tensor's element, the map's
+claims agree with the bytes the naive torch path writes, labels name the tensor and its indices, and bad
+drawing shapes are clear errors."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
 import pytest
+import torch
+from hypothesis import given, settings
 from typer.testing import CliRunner
-from ulysses_cases import BUNDLED
+from ulysses_cases import BUNDLED, spec_data
 
 from layoutgen.cli import app
 from layoutgen.cli.common import expand_arguments
-from layoutgen.show import byte_map, diff_layouts, render_text, renderable
-from layoutgen.spec import bundled_specs
+from layoutgen.show import ByteMap, byte_map, diff_layouts, render_text, renderable
+from layoutgen.spec import bundled_specs, parse_spec
+from layoutgen.ulysses import reference
+from layoutgen.ulysses.layout import Shape, tensor_shape
+from layoutgen.ulysses.show import PREFIX, drawing_shape
+from layoutgen.ulysses.spec import UlyssesSpec
+
+#: A drawing shape with every extent distinct where it can be (H_kv < H, B 2 where the spec has a batch axis).
+CHECK_SHAPE = {"N": 2, "S_local": 3, "H": 6, "H_kv": 4, "D": 5, "B": 2}
+#: Wire coordinates of one element: (tensor name, {axis: index}) with axes peer, batch, seq, head, dim.
+Coordinates = tuple[str, dict[str, int]]
 
 
 @pytest.mark.parametrize("name", BUNDLED)
@@ -22,6 +39,102 @@ def test_every_byte_of_both_wires_is_one_element(name: str) -> None:
     assert kinds == {f"before.{t.name}" for t in spec.to_attention.tensors} | {
         f"after.{t.name}" for t in spec.from_attention.tensors
     }
+
+
+def naive_wires(spec: UlyssesSpec, shape: Shape) -> tuple[dict[str, torch.Tensor], Callable[[int], Coordinates]]:
+    """Both directions' send buffers as the naive torch path writes them (reshape, permute, `.contiguous()`,
+    `torch.cat`; not the wire views the map is drawn from), keyed as the map names them, from tensors whose
+    float32 elements are distinct integer codes; and the decoder from a code to its element's wire
+    coordinates (peer p gets head block p before attention, row block p after it)."""
+    wires: dict[str, torch.Tensor] = {}
+    owners: list[tuple[int, int, str, str, tuple[str, ...], tuple[int, ...]]] = []  # (first code, count, ...)
+    next_code = 1
+    for direction, side, naive in (
+        ("to_attention", "local", reference.naive_scatter),
+        ("from_attention", "attention", reference.naive_scatter_out),
+    ):
+        axes = spec.local if side == "local" else spec.attention
+        tensors = {}
+        for tensor in spec.direction(direction).tensors:
+            extents = tensor_shape(spec, shape, tensor, side)
+            count = math.prod(extents)
+            tensors[tensor.name] = torch.arange(next_code, next_code + count, dtype=torch.float32).reshape(extents)
+            owners.append((next_code, count, f"{PREFIX[direction]}.{tensor.name}", direction, axes, extents))
+            next_code += count
+        for buffer, values in naive(spec, shape, tensors).items():
+            wires[f"{PREFIX[direction]}.{buffer}"] = values
+
+    def decode(code: int) -> Coordinates:
+        first, _, kind, direction, axes, extents = next(o for o in owners if o[0] <= code < o[0] + o[1])
+        index = dict(zip(axes, torch.unravel_index(torch.tensor(code - first), extents), strict=True))
+        where = {axis: int(value) for axis, value in index.items()}
+        if direction == "to_attention":
+            per_peer = extents[axes.index("head")] // shape.N
+            where["peer"], where["head"] = divmod(where["head"], per_peer)
+        else:
+            where["peer"], where["seq"] = divmod(where["seq"], shape.S_local)
+        return kind, where
+
+    return wires, decode
+
+
+def check_map_against_naive_path(bmap: ByteMap, spec: UlyssesSpec, shape: Shape) -> None:
+    """Every run's bytes hold elements of the tensor its kind names, at the indices its ranges claim along
+    every element axis its buffer has, in memory order along the innermost; every element once."""
+    wires, decode = naive_wires(spec, shape)
+    seen: set[tuple[str, tuple[tuple[str, int], ...]]] = set()
+    for run in bmap.runs:
+        codes = wires[run.buffer].reshape(-1)[run.offset // 4 : (run.offset + run.length) // 4].tolist()
+        info = bmap.buffer(run.buffer)
+        innermost = info.axes[-1]
+        for position, code in enumerate(codes):
+            assert code == int(code) and code > 0, f"{run}: byte {position * 4} holds no element"
+            kind, where = decode(int(code))
+            assert kind == run.kind, f"{run}: element {position} belongs to {kind}"
+            for axis, (start, stop) in run.ranges.items():
+                if axis in where:
+                    want = start + position if axis == innermost else None
+                    assert start <= where[axis] < stop, f"{run}: element {position} has {axis} {where[axis]}"
+                    assert want is None or where[axis] == want, f"{run}: element {position} out of memory order"
+            seen.add((kind, tuple(sorted(where.items()))))
+    assert len(seen) == sum(tensor.numel() for tensor in wires.values()), "an element is missing or drawn twice"
+
+
+def check_shape_of(spec: UlyssesSpec) -> tuple[dict[str, int], Shape]:
+    shape = {key: value for key, value in CHECK_SHAPE.items() if key != "B" or spec.has_batch}
+    return shape, dataclasses.replace(drawing_shape(spec, shape), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_byte_map_agrees_with_the_naive_path(name: str) -> None:
+    spec = bundled_specs()[name]
+    shape, sized = check_shape_of(spec)
+    check_map_against_naive_path(byte_map(spec, shape, "float32"), spec, sized)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=spec_data())
+def test_byte_map_of_any_spec_agrees_with_the_naive_path(data: dict[str, Any]) -> None:
+    spec = parse_spec(data, source="<hypothesis>")
+    assert isinstance(spec, UlyssesSpec)
+    shape, sized = check_shape_of(spec)
+    check_map_against_naive_path(byte_map(spec, shape, "float32"), spec, sized)
+
+
+def test_naive_path_check_catches_a_wrong_map() -> None:
+    """The check can fail: swap the peer of two runs of one buffer and it must object."""
+    spec = bundled_specs()["yunchang_ulysses"]
+    shape, sized = check_shape_of(spec)
+    bmap = byte_map(spec, shape, "float32")
+    runs = list(bmap.runs)
+    first = next(i for i, run in enumerate(runs) if run.range("peer") == (0, 1))
+    second = next(i for i, run in enumerate(runs) if run.buffer == runs[first].buffer and run.range("peer") == (1, 2))
+    runs[first], runs[second] = (
+        dataclasses.replace(runs[first], ranges={**runs[first].ranges, "peer": (1, 2)}),
+        dataclasses.replace(runs[second], ranges={**runs[second].ranges, "peer": (0, 1)}),
+    )
+    with pytest.raises(AssertionError, match="has peer"):
+        check_map_against_naive_path(dataclasses.replace(bmap, runs=tuple(runs)), spec, sized)
 
 
 def test_the_drawing_names_tensors_peers_and_rows() -> None:
