@@ -190,6 +190,34 @@ def test_max_sum_combine_against_the_float64_reference_on_the_gpu() -> None:
         assert lse_error(got_lse.cpu(), want_lse.cpu()) <= 1.0
 
 
+@pytest.mark.parametrize("spec_name", ["trtllm_helix_nccl", "trtllm_helix_native_v1", "trtllm_helix_native_v2"])
+def test_max_sum_rows_whose_weights_sum_below_2_to_the_minus_64_merge_on_the_gpu(spec_name: str) -> None:
+    """The combine lifts such a row by 2^64 before the reciprocal: sums below 1 / FLT_MAX (whose reciprocal
+    overflows), just under the lift's bound, and float32's least subnormal (equal maxima: one-bit weights)
+    merge as the float64 reference does on the device, where subnormals could be flushed to zero."""
+    module = generated_module(spec_name)
+    generator = torch.Generator().manual_seed(5)
+    bufs = fill_bytes(module.alloc(N, ROWS, H, D, torch.float32, "cuda"), 0xFF)
+    partial = torch.randn(N, ROWS, H // N, D, generator=generator)
+    maximum = torch.randn(N, ROWS, H // N, generator=generator) * 4
+    total = 1 + 8 * torch.rand(N, ROWS, H // N, generator=generator)
+    for row, tiny in ((0, 1e-39), (1, 5.0e-20), (2, 1.401298464324817e-45)):
+        total[:, row] = tiny
+    maximum[:, 2] = maximum[0, 2]
+    maximum[1:, 3], total[1:, 3] = float("-inf"), 0.0  # one live tiny entry: the merge is its partial
+    total[0, 3] = 1e-39
+    bufs.payload_view(ROWS).copy_(partial)
+    bufs.max_view(ROWS).copy_(maximum)
+    bufs.sum_view(ROWS).copy_(total)
+    got, got_lse = module.combine(bufs, ROWS, return_lse=True)
+    want, want_lse = reference.combine(bufs, ROWS, "e", return_lse=True)
+    assert got_lse is not None and want_lse is not None
+    assert not bool(torch.isnan(got).any()), "NaN reached the output"
+    assert combine_error(got.cpu(), want.cpu(), float(partial.abs().max())) <= 1.0
+    assert lse_error(got_lse.cpu(), want_lse.cpu()) <= 1.0
+    torch.testing.assert_close(got[3].cpu(), partial[0, 3], rtol=1e-6, atol=0.0)
+
+
 @pytest.mark.parametrize("batch", [1, 63, 64, 65, 200])
 def test_transposing_pack_with_whole_and_partial_tiles(batch: int, tmp_path: Any) -> None:
     """sglang's NPU-path layout ([peer, head, dim + 1, batch] float32, the LSE as element D): whole batch
