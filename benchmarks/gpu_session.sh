@@ -188,11 +188,12 @@
 #                                               then every GPU test (as `gpu`; not with CHINTS_PROBES_ONLY=1)
 #   bash benchmarks/gpu_session.sh fresh OUT   (twenty-ninth pass) probe_fresh_combine.py: vllm_a2a's combine, committed and
 #                                               evict_first, on receive buffers just written by an exchange-like copy
-#   bash benchmarks/gpu_session.sh lift OUT    (thirtieth pass) the three helix combines after the tiny-sum lift (their
-#                                               source hashes changed): re-tuned over the DCP grid, the database check,
-#                                               the contract-v2 GPU tests
-#   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database; probe_fresh_combine.py at N 8, B 64
-#                                               and B 256 (vllm_a2a's combine on just-written receive buffers)
+#   bash benchmarks/gpu_session.sh lift OUT    (thirtieth pass) the helix combines with the tiny-sum lift (a lowered shift),
+#                                               with a multiply per peer (MUL_TREE) and without (OLD_TREE), three points;
+#                                               then the three re-tuned over the DCP grid (their source hashes
+#                                               changed) and the database check
+#   bash benchmarks/gpu_session.sh liftbench OUT the contract-v2 GPU tests; bench_dcp_v2.py with lift's database
+#   bash benchmarks/gpu_session.sh fresh OUT   (as above, on the device that runs it)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -1046,19 +1047,22 @@ fresh)
         --point 8:256:128:512 --point 8:1024:128:512 --out "$out/probe_fresh_combine.json" 2>&1 | tail -6
     ;;
 lift)
+    for spec in trtllm_helix_native_v2 trtllm_helix_nccl; do
+        timeout 60 python3 benchmarks/probe_combine.py --module shift=generated/$spec.py \
+            --module multiply="$MUL_TREE/$spec.py" --module prelift="$OLD_TREE/$spec.py" \
+            --module shift_again=generated/$spec.py --point 8:8:128:512 --point 8:64:128:512 \
+            --point 8:1024:128:512 --out "$out/probe_lift_$spec.json" 2>&1 | tail -3
+    done
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0
     helix="trtllm_helix_nccl trtllm_helix_native_v1 trtllm_helix_native_v2"
     tune_dcp_grid combine tune_helix_combine "$helix" 300 60
     cp tuning_db/NVIDIA_H200.json "$out/"
     python3 -m layoutgen.cli db check 2>&1 | tail -2
-    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_v2_gpu.py 2>&1 \
-        | tee "$out/gpu_tests_dcp_v2.log" | tail -3
     ;;
 liftbench)
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_v2_gpu.py 2>&1 \
+        | tee "$out/gpu_tests_dcp_v2.log" | tail -3
     timeout 330 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -3
-    hinted_combines /tmp/chints
-    timeout 200 python3 benchmarks/probe_fresh_combine.py --module committed=generated/vllm_a2a.py \
-        --module evict_first=/tmp/chints/evict_first.py --point 8:64:128:512 --point 8:256:128:512 \
-        --out "$out/probe_fresh_combine.json" 2>&1 | tail -4
     ;;
 smallb)
     points=""
