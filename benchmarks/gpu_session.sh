@@ -193,7 +193,6 @@
 #                                               then the three re-tuned over the DCP grid (their source hashes
 #                                               changed) and the database check
 #   bash benchmarks/gpu_session.sh liftbench OUT the contract-v2 GPU tests; bench_dcp_v2.py with lift's database
-#   bash benchmarks/gpu_session.sh fresh OUT   (as above, on the device that runs it)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
