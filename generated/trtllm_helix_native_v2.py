@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'trtllm_helix_native_v2'
 SPEC_HASH = 'e509898f46b24b723c3d5ba52f2db46cc5fe11aa7d982d9204b3f22fc6ec0656'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'a7d36030c551e464654ac2a66ebb6a9a82a1b867061807ef8ba0a0dfd5ea3429', 'combine': '52f7e5e4356d6e1ecc766d60083b87d6e5f96fb56fc10dce5ad8ba6a0ff34b8b'}
+SOURCE_HASHES = {'pack': 'a7d36030c551e464654ac2a66ebb6a9a82a1b867061807ef8ba0a0dfd5ea3429', 'combine': '5283891a9f0a2c385b25814e525bb5b4cc5d53c6feb965de29b651f96c816d81'}
 SPEC_SUMMARY = 'TensorRT-LLM helix native v2 (FIFO, cp_dim 1, the default): partials [T, cp, H, D] and (max, sum) stats [T, cp, H, 2].'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_native_v2', 'transport': 'external', 'payload': {'axes': ['batch', 'peer', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['batch', 'peer', 'head', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'external'
@@ -370,15 +370,10 @@ def _combine_kernel(
         )
         weight_sum += total * _lse_exp(maximum - shift, LSE_BASE_2)
     # (max, sum) weights can sum below 1 / FLT_MAX (a positive sum of 1e-39 is a live entry), whose reciprocal
-    # overflows to inf. A row whose sum is below 2^-64 has it lifted by 2^64 (a power of two: exact), and the
-    # weight pass takes its weights 2^64 larger by lowering its shift 64 octaves: no work per peer, and every
-    # other row keeps its bits.
-    lifted = weight_sum < 5.421010862427522e-20
-    inverse_sum = 1.0 / tl.where(all_empty, 1.0, tl.where(lifted, weight_sum * 18446744073709551616.0, weight_sum))
-    if LSE_BASE_2:
-        shift = shift - tl.where(lifted, 64.0, 0.0)
-    else:
-        shift = shift - tl.where(lifted, 44.3614195558365, 0.0)
+    # overflows to inf: such a row's weights and sum are lifted by 2^64 first (a power of two, so exact; 1 elsewhere,
+    # the same bits as without it).
+    lift = tl.where(weight_sum < 5.421010862427522e-20, 18446744073709551616.0, 1.0)
+    inverse_sum = 1.0 / tl.where(all_empty, 1.0, weight_sum * lift)
     accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
     for peer in tl.static_range(NUM_PEERS):
         max_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
@@ -388,7 +383,7 @@ def _combine_kernel(
         )
         partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
         partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
-        share_3d = (total * _lse_exp(maximum - shift, LSE_BASE_2) * inverse_sum)[:, :, None]
+        share_3d = (total * _lse_exp(maximum - shift, LSE_BASE_2) * lift * inverse_sum)[:, :, None]
         accumulator += share_3d * tl.where(share_3d > 0.0, partial, 0.0)
 
     merged = accumulator

@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'trtllm_helix_nccl'
 SPEC_HASH = '87f3b7ba501c7cc2eb6fca97a86c5e2dfa288328570f264922fb15cf462da5bc'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'dbc279b62ea6a015687daf0cb7897cff07758625c8048d1e9dde73314a2637d0', 'combine': 'ea96920dbb9037f506ac32b7a7c78544290e545b1bb102ce9d8934fb7c7cb19c'}
+SOURCE_HASHES = {'pack': 'dbc279b62ea6a015687daf0cb7897cff07758625c8048d1e9dde73314a2637d0', 'combine': '156db126d12c0980cfa4c021869189a87791a021c05015b52e66aa6b877c21de'}
 SPEC_SUMMARY = 'TensorRT-LLM helix, cp_dim 0 (NCCL all-to-all): partials [cp, T, H, D] and (max, sum) stats [cp, T, H, 2].'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_nccl', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
@@ -370,15 +370,10 @@ def _combine_kernel(
         )
         weight_sum += total * _lse_exp(maximum - shift, LSE_BASE_2)
     # (max, sum) weights can sum below 1 / FLT_MAX (a positive sum of 1e-39 is a live entry), whose reciprocal
-    # overflows to inf. A row whose sum is below 2^-64 has it lifted by 2^64 (a power of two: exact), and the
-    # weight pass takes its weights 2^64 larger by lowering its shift 64 octaves: no work per peer, and every
-    # other row keeps its bits.
-    lifted = weight_sum < 5.421010862427522e-20
-    inverse_sum = 1.0 / tl.where(all_empty, 1.0, tl.where(lifted, weight_sum * 18446744073709551616.0, weight_sum))
-    if LSE_BASE_2:
-        shift = shift - tl.where(lifted, 64.0, 0.0)
-    else:
-        shift = shift - tl.where(lifted, 44.3614195558365, 0.0)
+    # overflows to inf: such a row's weights and sum are lifted by 2^64 first (a power of two, so exact; 1 elsewhere,
+    # the same bits as without it).
+    lift = tl.where(weight_sum < 5.421010862427522e-20, 18446744073709551616.0, 1.0)
+    inverse_sum = 1.0 / tl.where(all_empty, 1.0, weight_sum * lift)
     accumulator = tl.zeros((BLOCK_BATCH, BLOCK_HEAD, BLOCK_DIM), tl.float32)
     for peer in tl.static_range(NUM_PEERS):
         max_pointer = stats_ptr + peer * stats_stride_peer + lse_row_offset
@@ -388,7 +383,7 @@ def _combine_kernel(
         )
         partial_pointer = payload_ptr + peer * payload_stride_peer + payload_row_offset
         partial = tl.load(partial_pointer, mask=mask, other=0.0).to(tl.float32)
-        share_3d = (total * _lse_exp(maximum - shift, LSE_BASE_2) * inverse_sum)[:, :, None]
+        share_3d = (total * _lse_exp(maximum - shift, LSE_BASE_2) * lift * inverse_sum)[:, :, None]
         accumulator += share_3d * tl.where(share_3d > 0.0, partial, 0.0)
 
     merged = accumulator
