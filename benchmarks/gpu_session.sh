@@ -188,10 +188,10 @@
 #                                               then every GPU test (as `gpu`; not with CHINTS_PROBES_ONLY=1)
 #   bash benchmarks/gpu_session.sh fresh OUT   (twenty-ninth pass) probe_fresh_combine.py: vllm_a2a's combine, committed and
 #                                               evict_first, on receive buffers just written by an exchange-like copy
-#   bash benchmarks/gpu_session.sh lift OUT    (thirtieth pass) the helix combines with the tiny-sum lift (a lowered shift),
-#                                               with a multiply per peer (MUL_TREE) and without (OLD_TREE), three points;
-#                                               then the three re-tuned over the DCP grid (their source hashes
-#                                               changed) and the database check
+#   bash benchmarks/gpu_session.sh lift OUT    (thirtieth pass) the helix combines with the tiny-sum lift (a multiply per
+#                                               peer) beside SHIFT_TREE's (a lowered shift; dropped) and OLD_TREE's (no
+#                                               lift), three points; then the three re-tuned over the DCP grid (their
+#                                               source hashes changed) and the database check
 #   bash benchmarks/gpu_session.sh liftbench OUT the contract-v2 GPU tests; bench_dcp_v2.py with lift's database
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
@@ -1047,9 +1047,9 @@ fresh)
     ;;
 lift)
     for spec in trtllm_helix_native_v2 trtllm_helix_nccl; do
-        timeout 60 python3 benchmarks/probe_combine.py --module shift=generated/$spec.py \
-            --module multiply="$MUL_TREE/$spec.py" --module prelift="$OLD_TREE/$spec.py" \
-            --module shift_again=generated/$spec.py --point 8:8:128:512 --point 8:64:128:512 \
+        timeout 60 python3 benchmarks/probe_combine.py --module multiply=generated/$spec.py \
+            --module shift="$SHIFT_TREE/$spec.py" --module prelift="$OLD_TREE/$spec.py" \
+            --module multiply_again=generated/$spec.py --point 8:8:128:512 --point 8:64:128:512 \
             --point 8:1024:128:512 --out "$out/probe_lift_$spec.json" 2>&1 | tail -3
     done
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0
