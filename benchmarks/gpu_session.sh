@@ -190,9 +190,10 @@
 #                                               evict_first, on receive buffers just written by an exchange-like copy
 #   bash benchmarks/gpu_session.sh lift OUT    (thirtieth pass) the helix combines with the tiny-sum lift (a multiply per
 #                                               peer) beside SHIFT_TREE's (a lowered shift; dropped) and OLD_TREE's (no
-#                                               lift), three points; then the three re-tuned over the DCP grid (their
-#                                               source hashes changed) and the database check
-#   bash benchmarks/gpu_session.sh liftbench OUT the contract-v2 GPU tests; bench_dcp_v2.py with lift's database
+#                                               lift), three points (with LIFT_PROBE=1; on an H100); then, on an H200,
+#                                               the three re-tuned over the DCP grid (their source hashes changed) and
+#                                               the database check
+#   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -1046,7 +1047,7 @@ fresh)
         --point 8:256:128:512 --point 8:1024:128:512 --out "$out/probe_fresh_combine.json" 2>&1 | tail -6
     ;;
 lift)
-    for spec in trtllm_helix_native_v2 trtllm_helix_nccl; do
+    [ -n "${LIFT_PROBE:-}" ] && for spec in trtllm_helix_native_v2 trtllm_helix_nccl; do
         timeout 60 python3 benchmarks/probe_combine.py --module multiply=generated/$spec.py \
             --module shift="$SHIFT_TREE/$spec.py" --module prelift="$OLD_TREE/$spec.py" \
             --module multiply_again=generated/$spec.py --point 8:8:128:512 --point 8:64:128:512 \
@@ -1059,9 +1060,7 @@ lift)
     python3 -m layoutgen.cli db check 2>&1 | tail -2
     ;;
 liftbench)
-    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dcp_v2_gpu.py 2>&1 \
-        | tee "$out/gpu_tests_dcp_v2.log" | tail -3
-    timeout 330 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -3
+    timeout 500 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -3
     ;;
 smallb)
     points=""
