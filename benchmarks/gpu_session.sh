@@ -188,12 +188,14 @@
 #                                               then every GPU test (as `gpu`; not with CHINTS_PROBES_ONLY=1)
 #   bash benchmarks/gpu_session.sh fresh OUT   (twenty-ninth pass) probe_fresh_combine.py: vllm_a2a's combine, committed and
 #                                               evict_first, on receive buffers just written by an exchange-like copy
-#   bash benchmarks/gpu_session.sh lift OUT    (thirtieth pass) the helix combines with the tiny-sum lift (a multiply per
-#                                               peer) beside SHIFT_TREE's (a lowered shift; dropped) and OLD_TREE's (no
-#                                               lift), three points (with LIFT_PROBE=1; on an H100); then, on an H200,
+#   bash benchmarks/gpu_session.sh lift OUT    (thirtieth pass) with LIFT_PROBE=1, the helix combines with the tiny-sum lift
+#                                               (a multiply per peer) beside SHIFT_TREE's (a folder of the helix modules
+#                                               of d3f2121: a lowered shift, dropped) and OLD_TREE's (of 1a35e17: no
+#                                               lift), three points (run on the H100 and the H200); then, on an H200,
 #                                               the three re-tuned over the DCP grid (their source hashes changed) and
 #                                               the database check
-#   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database
+#   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
+#                                               tuning_db/ first where the tree is carried afresh)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -1049,7 +1051,8 @@ fresh)
 lift)
     [ -n "${LIFT_PROBE:-}" ] && for spec in trtllm_helix_native_v2 trtllm_helix_nccl; do
         timeout 60 python3 benchmarks/probe_combine.py --module multiply=generated/$spec.py \
-            --module shift="$SHIFT_TREE/$spec.py" --module prelift="$OLD_TREE/$spec.py" \
+            --module shift="${SHIFT_TREE:?the helix modules of d3f2121}/$spec.py" \
+            --module prelift="${OLD_TREE:?the helix modules of 1a35e17}/$spec.py" \
             --module multiply_again=generated/$spec.py --point 8:8:128:512 --point 8:64:128:512 \
             --point 8:1024:128:512 --out "$out/probe_lift_$spec.json" 2>&1 | tail -3
     done

@@ -182,6 +182,35 @@ def check_dequantised_merge(module: ModuleType, N: int, B: int, h: int, D: int, 
                 assert bool((got[-1] == 0).all()) and bool((got_lse[-1] == float("-inf")).all())
 
 
+@pytest.mark.parametrize("tiny", [1e-39, 1.401298464324817e-45])
+@pytest.mark.parametrize("spec_name", [name for name in SPECS if name in EXTRA and EXTRA[name]["stats"].get("form")])
+def test_fp8_max_sum_rows_whose_weights_sum_below_2_to_the_minus_64_merge(
+    spec_name: str, tiny: float, modules: dict[str, ModuleType]
+) -> None:
+    """The fp8 combines' lift (docs/design.md §4.2): rows whose live sums are all `tiny` (below 1 / FLT_MAX, and
+    float32's least subnormal), with equal maxima, one live entry or every peer's, merge like the dequantised
+    float64 merge; without the lift their reciprocal overflows and the output is NaN."""
+    module = modules[spec_name]
+    N, B, h, D = 2, 3, 2, 32
+    generator = torch.Generator().manual_seed(3)
+    outs = [torch.randn(B, N * h, D, generator=generator).to(torch.bfloat16) for _ in range(N)]
+    maxes = [torch.randn(B, N * h, generator=generator) for _ in range(N)]
+    sums = [1 + torch.rand(B, N * h, generator=generator) for _ in range(N)]
+    for rank in range(N):
+        maxes[rank][:2], sums[rank][:2] = 0.0, tiny
+    maxes[1][0], sums[1][0] = float("-inf"), 0.0  # row 0: one live entry (every rank's heads)
+    sends = [fill_bytes(module.alloc(N, B, N * h, D, torch.bfloat16)) for _ in range(N)]
+    for rank, bufs in enumerate(sends):
+        module.pack(outs[rank], bufs=bufs, max_sum=(maxes[rank], sums[rank]))
+    for recv in reference.exchange(sends):
+        magnitude = float(reference.received_partials(recv, B).abs().nan_to_num(0.0).max())
+        want, want_lse = reference.combine(recv, B, "e", return_lse=True)
+        got, got_lse = module.combine(recv, B, return_lse=True)
+        assert not bool(got.isnan().any()), "NaN reached the output"
+        assert combine_error(got, want, magnitude) <= 1.0
+        assert got_lse is not None and lse_error(got_lse, want_lse) <= 1.0
+
+
 @pytest.mark.parametrize("spec_name", SPECS)
 def test_fp8_combine_matches_the_dequantised_merge(spec_name: str, modules: dict[str, ModuleType]) -> None:
     check_dequantised_merge(modules[spec_name], 3, 5, 2, 32, 11, COMBINE_CONFIGS)

@@ -148,12 +148,14 @@ def _merge(
 
 def _float32_share(shifted: torch.Tensor, total: torch.Tensor, lse_base: str) -> torch.Tensor:
     """Each partial's share `w_i / Σ w` in float32, as the kernels compute it (`w_i = s_i * exp(m_i - M)`,
-    then times `1 / Σ w`): a partial whose share underflows to 0 (its stat about 104 or more below M in
-    base e, 149 in base 2) contributes nothing, like an empty one, whatever its payload."""
+    a row whose Σ w is below 2^-64 lifted by 2^64, then times `1 / Σ w`): a partial whose share underflows to
+    0 (its stat about 104 or more below M in base e, 149 in base 2) contributes nothing, like an empty one,
+    whatever its payload."""
     shifted32, total32 = shifted.to(torch.float32), total.to(torch.float32)
     weight = total32 * (torch.exp2(shifted32) if lse_base == "2" else torch.exp(shifted32))
     weight_sum = weight.sum(dim=0)
-    return weight * (1.0 / torch.where(weight_sum > 0, weight_sum, 1.0))
+    lift = torch.where(weight_sum < 2.0**-64, 2.0**64, 1.0)
+    return (weight * lift) * (1.0 / torch.where(weight_sum > 0, weight_sum * lift, 1.0))
 
 
 def merge_partials(

@@ -133,8 +133,9 @@ def test_the_shared_gqa_wire_is_q_then_k_then_v_per_peer(generator: torch.Genera
 
 
 def exchanged(naive_sends: list[dict[str, torch.Tensor]], recv: list[UlyssesBuffers]) -> list[dict[str, torch.Tensor]]:
-    """What the naive path receives: its own exchange where every wire holds peer outermost (one
-    all_to_all_single per tensor, as engines call it), else the reference's received bytes."""
+    """What the naive path receives: its own exchange (one all_to_all_single per tensor, as engines call it)
+    for an all_to_all_single spec, whose wires the spec schema makes hold peer outermost; for an external
+    one, whose peer axis may lie anywhere, the reference's received bytes."""
     if recv[0].spec.transport is Transport.ALL_TO_ALL_SINGLE:
         return reference.naive_exchange(naive_sends)
     return [dict(bufs.tensors) for bufs in recv]

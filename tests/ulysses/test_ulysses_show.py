@@ -20,13 +20,15 @@ from layoutgen.cli.common import expand_arguments
 from layoutgen.show import ByteMap, byte_map, diff_layouts, render_text, renderable
 from layoutgen.spec import bundled_specs, parse_spec
 from layoutgen.ulysses import reference
-from layoutgen.ulysses.layout import Shape, tensor_shape
+from layoutgen.ulysses.layout import Shape, tensor_block, tensor_shape
 from layoutgen.ulysses.show import PREFIX, drawing_shape
 from layoutgen.ulysses.spec import UlyssesSpec
 
-#: A drawing shape with every extent distinct where it can be (H_kv < H, B 2 where the spec has a batch axis).
-CHECK_SHAPE = {"N": 2, "S_local": 3, "H": 6, "H_kv": 4, "D": 5, "B": 2}
-#: Wire coordinates of one element: (tensor name, {axis: index}) with axes peer, batch, seq, head, dim.
+#: A drawing shape whose per-peer extents all differ (N 2, S_local 3, H/N 5, H_kv/N 4, D 7, B 6), so that a map
+#: naming one axis's index for another's fails.
+CHECK_SHAPE = {"N": 2, "S_local": 3, "H": 10, "H_kv": 8, "D": 7, "B": 6}
+#: Wire coordinates of one element: (kind, {axis: index}) with axes peer, batch, seq, head, dim and, in a shared
+#: wire, tensor (the element's place in the concatenation of every tensor's block).
 Coordinates = tuple[str, dict[str, int]]
 
 
@@ -64,18 +66,47 @@ def naive_wires(spec: UlyssesSpec, shape: Shape) -> tuple[dict[str, torch.Tensor
         for buffer, values in naive(spec, shape, tensors).items():
             wires[f"{PREFIX[direction]}.{buffer}"] = values
 
+    blocks = {}  # kind -> (first index along a shared wire's `tensor` axis, the block's axes and extents)
+    for direction_name in ("to_attention", "from_attention"):
+        direction = spec.direction(direction_name)
+        if direction.shared:
+            start = 0
+            for tensor in direction.tensors:
+                inner, extents = tensor_block(direction, shape, tensor)
+                blocks[f"{PREFIX[direction_name]}.{tensor.name}"] = (start, inner, extents)
+                start += math.prod(extents)
+
     def decode(code: int) -> Coordinates:
         first, _, kind, direction, axes, extents = next(o for o in owners if o[0] <= code < o[0] + o[1])
-        index = dict(zip(axes, torch.unravel_index(torch.tensor(code - first), extents), strict=True))
-        where = {axis: int(value) for axis, value in index.items()}
+        where = dict(zip(axes, unravel(code - first, extents), strict=True))
         if direction == "to_attention":
             per_peer = extents[axes.index("head")] // shape.N
             where["peer"], where["head"] = divmod(where["head"], per_peer)
         else:
             where["peer"], where["seq"] = divmod(where["seq"], shape.S_local)
+        if kind in blocks:
+            start, inner, inner_extents = blocks[kind]
+            where["tensor"] = start + ravel([where[axis] for axis in inner], inner_extents)
         return kind, where
 
     return wires, decode
+
+
+def unravel(index: int, extents: tuple[int, ...]) -> tuple[int, ...]:
+    """The row-major coordinates of flat `index` in a tensor of `extents`."""
+    coordinates = []
+    for extent in reversed(extents):
+        index, coordinate = divmod(index, extent)
+        coordinates.append(coordinate)
+    return tuple(reversed(coordinates))
+
+
+def ravel(coordinates: list[int], extents: tuple[int, ...]) -> int:
+    """The row-major flat index of `coordinates` in a tensor of `extents`."""
+    index = 0
+    for coordinate, extent in zip(coordinates, extents, strict=True):
+        index = index * extent + coordinate
+    return index
 
 
 def check_map_against_naive_path(bmap: ByteMap, spec: UlyssesSpec, shape: Shape) -> None:
@@ -85,17 +116,17 @@ def check_map_against_naive_path(bmap: ByteMap, spec: UlyssesSpec, shape: Shape)
     seen: set[tuple[str, tuple[tuple[str, int], ...]]] = set()
     for run in bmap.runs:
         codes = wires[run.buffer].reshape(-1)[run.offset // 4 : (run.offset + run.length) // 4].tolist()
-        info = bmap.buffer(run.buffer)
-        innermost = info.axes[-1]
+        assert run.length % 4 == 0 and len(codes) == run.length // 4, f"{run} runs past its buffer's end"
+        innermost = bmap.buffer(run.buffer).axes[-1]
         for position, code in enumerate(codes):
             assert code == int(code) and code > 0, f"{run}: byte {position * 4} holds no element"
             kind, where = decode(int(code))
             assert kind == run.kind, f"{run}: element {position} belongs to {kind}"
             for axis, (start, stop) in run.ranges.items():
-                if axis in where:
-                    want = start + position if axis == innermost else None
-                    assert start <= where[axis] < stop, f"{run}: element {position} has {axis} {where[axis]}"
-                    assert want is None or where[axis] == want, f"{run}: element {position} out of memory order"
+                assert axis in where, f"{run}: the check knows no axis {axis!r}"
+                assert start <= where[axis] < stop, f"{run}: element {position} has {axis} {where[axis]}"
+                if axis == innermost:
+                    assert where[axis] == start + position, f"{run}: element {position} out of memory order"
             seen.add((kind, tuple(sorted(where.items()))))
     assert len(seen) == sum(tensor.numel() for tensor in wires.values()), "an element is missing or drawn twice"
 
@@ -122,11 +153,11 @@ def test_byte_map_of_any_spec_agrees_with_the_naive_path(data: dict[str, Any]) -
 
 
 def test_naive_path_check_catches_a_wrong_map() -> None:
-    """The check can fail: swap the peer of two runs of one buffer and it must object."""
+    """The check can fail: two runs of one buffer with their peers swapped, a shared wire's runs one element
+    off along `tensor`, and a run past its buffer's end."""
     spec = bundled_specs()["yunchang_ulysses"]
     shape, sized = check_shape_of(spec)
-    bmap = byte_map(spec, shape, "float32")
-    runs = list(bmap.runs)
+    runs = list(byte_map(spec, shape, "float32").runs)
     first = next(i for i, run in enumerate(runs) if run.range("peer") == (0, 1))
     second = next(i for i, run in enumerate(runs) if run.buffer == runs[first].buffer and run.range("peer") == (1, 2))
     runs[first], runs[second] = (
@@ -134,7 +165,19 @@ def test_naive_path_check_catches_a_wrong_map() -> None:
         dataclasses.replace(runs[second], ranges={**runs[second].ranges, "peer": (0, 1)}),
     )
     with pytest.raises(AssertionError, match="has peer"):
-        check_map_against_naive_path(dataclasses.replace(bmap, runs=tuple(runs)), spec, sized)
+        check_map_against_naive_path(
+            dataclasses.replace(byte_map(spec, shape, "float32"), runs=tuple(runs)), spec, sized
+        )
+    gqa = bundled_specs()["ulysses_qkv_gqa"]
+    shape, sized = check_shape_of(gqa)
+    bmap = byte_map(gqa, shape, "float32")
+    shifted = [dataclasses.replace(run, ranges={**run.ranges, "tensor": (run.ranges["tensor"][0] + 1,
+               run.ranges["tensor"][1] + 1)}) if "tensor" in run.ranges else run for run in bmap.runs]  # fmt: skip
+    with pytest.raises(AssertionError, match=r"has tensor|out of memory order"):
+        check_map_against_naive_path(dataclasses.replace(bmap, runs=tuple(shifted)), gqa, sized)
+    past_the_end = [*bmap.runs[:-1], dataclasses.replace(bmap.runs[-1], offset=bmap.runs[-1].offset + 4096)]
+    with pytest.raises(AssertionError, match="past its buffer's end"):
+        check_map_against_naive_path(dataclasses.replace(bmap, runs=tuple(past_the_end)), gqa, sized)
 
 
 def test_the_drawing_names_tensors_peers_and_rows() -> None:
