@@ -100,7 +100,7 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
         )
     named: list[tuple[str, Any]] = [("lse", lse)]
     if max_sum is not None:
-        if not isinstance(max_sum, tuple | list) or len(max_sum) != 2:
+        if max_sum_pair(max_sum) is None:
             raise TypeError(
                 f"max_sum must be a (max, sum) pair of float32 tensors {stats_shape}; got {type(max_sum).__name__}"
             )
@@ -143,6 +143,12 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
 
 #: The largest finite float32: the kernel multiplies in float32.
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def max_sum_pair(max_sum: Any) -> tuple[Any, Any] | None:
+    """`max_sum` as its (max, sum) pair, or None when it is not a tuple or list of two (a stacked [2, ...]
+    tensor would unpack into two as well, and must not pass for a pair)."""
+    return (max_sum[0], max_sum[1]) if isinstance(max_sum, tuple | list) and len(max_sum) == 2 else None
 
 
 def refuse_gradients(out: Any, lse: Any, max_sum: Any) -> None:

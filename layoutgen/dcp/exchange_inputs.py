@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from layoutgen.dcp.checks import max_sum_pair
 from layoutgen.runtime.tensors import describe, overlaps_itself
 
 
@@ -15,9 +16,8 @@ def check_call_inputs(
     exchange: Any, out: Any, lse: Any, empty: Any, max_sum: Any, merged_out: Any = None
 ) -> tuple[int, tuple[int, ...]]:
     """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
-    # A (max, sum) pair only: a stacked tensor would list into two and match the pair's checked key (a
-    # non-pair gets no key, and the checks below name it).
-    pair = max_sum is None or isinstance(max_sum, tuple | list)
+    # A (max, sum) pair only (`max_sum_pair`): a non-pair gets no key, and the checks below name it.
+    pair = max_sum is None or max_sum_pair(max_sum) is not None
     try:
         stats = [lse] if max_sum is None else list(max_sum)
         key = (
@@ -62,7 +62,7 @@ def check_call_inputs(
         )
     if (lse is None) == (max_sum is None):
         raise TypeError("pass exactly one of lse and max_sum=(max, sum)")
-    if max_sum is not None and (not isinstance(max_sum, tuple | list) or len(max_sum) != 2):
+    if max_sum is not None and max_sum_pair(max_sum) is None:
         raise TypeError(f"max_sum must be a (max, sum) pair of float32 tensors; got {type(max_sum).__name__}")
     if max_sum is not None and exchange.lse_base == "2" and not exchange.spec.max_sum:
         raise ValueError(

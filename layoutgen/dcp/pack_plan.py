@@ -83,9 +83,9 @@ def pack_v2(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: Any, 
     """pack with an `empty` mask and/or (max, sum) inputs: the call's tensors are (out, lse or max, sum or
     lse, empty or lse, *buffers); unused kernel pointers get the first statistics tensor."""
     try:
-        # Only a (max, sum) pair is unpacked here: a stacked [2, ...] tensor would unpack too and match the
-        # pair's plan, while plan_pack refuses it.  lse and max_sum together are refused on every call too.
-        first, sums = (lse, None) if max_sum is None else max_sum if isinstance(max_sum, tuple | list) else (None, None)
+        # Only a (max, sum) pair has a plan (plan_pack refuses anything else); lse and max_sum together are
+        # refused on every call too.
+        first, sums = (lse, None) if max_sum is None else checks.max_sum_pair(max_sum) or (None, None)
         plan = (
             None
             if (max_sum is not None and lse is not None) or first is None

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -78,7 +79,7 @@ def naive_wires(spec: UlyssesSpec, shape: Shape) -> tuple[dict[str, torch.Tensor
 
     def decode(code: int) -> Coordinates:
         first, _, kind, direction, axes, extents = next(o for o in owners if o[0] <= code < o[0] + o[1])
-        where = dict(zip(axes, unravel(code - first, extents), strict=True))
+        where = {axis: int(index) for axis, index in zip(axes, np.unravel_index(code - first, extents), strict=True)}
         if direction == "to_attention":
             per_peer = extents[axes.index("head")] // shape.N
             where["peer"], where["head"] = divmod(where["head"], per_peer)
@@ -86,27 +87,10 @@ def naive_wires(spec: UlyssesSpec, shape: Shape) -> tuple[dict[str, torch.Tensor
             where["peer"], where["seq"] = divmod(where["seq"], shape.S_local)
         if kind in blocks:
             start, inner, inner_extents = blocks[kind]
-            where["tensor"] = start + ravel([where[axis] for axis in inner], inner_extents)
+            where["tensor"] = start + int(np.ravel_multi_index([where[axis] for axis in inner], inner_extents))
         return kind, where
 
     return wires, decode
-
-
-def unravel(index: int, extents: tuple[int, ...]) -> tuple[int, ...]:
-    """The row-major coordinates of flat `index` in a tensor of `extents`."""
-    coordinates = []
-    for extent in reversed(extents):
-        index, coordinate = divmod(index, extent)
-        coordinates.append(coordinate)
-    return tuple(reversed(coordinates))
-
-
-def ravel(coordinates: list[int], extents: tuple[int, ...]) -> int:
-    """The row-major flat index of `coordinates` in a tensor of `extents`."""
-    index = 0
-    for coordinate, extent in zip(coordinates, extents, strict=True):
-        index = index * extent + coordinate
-    return index
 
 
 def check_map_against_naive_path(bmap: ByteMap, spec: UlyssesSpec, shape: Shape) -> None:
