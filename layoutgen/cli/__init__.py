@@ -20,7 +20,17 @@ from layoutgen.cli import db as db_command
 from layoutgen.cli import families as families_command
 from layoutgen.cli import show as show_command
 from layoutgen.cli import tune as tune_command
-from layoutgen.cli.common import CommandFailed, GuardedStdout, OutputClosed, debug, errors, expand_arguments, say
+from layoutgen.cli.common import (
+    CommandFailed,
+    GuardedStdout,
+    OutputClosed,
+    debug,
+    errors,
+    expand_arguments,
+    say,
+    stop_note,
+    stopped_message,
+)
 from layoutgen.settings import SettingError
 from layoutgen.signals import cancel_redeliveries, deliver_again_soon, inside_import, swallowed_interrupt_hook
 from layoutgen.spec import SpecError
@@ -90,7 +100,7 @@ def _forget_caught_interrupts() -> None:
 def _exit_stopped() -> NoReturn:
     cancel_redeliveries()
     terminated = _stopped["by"] == signal.SIGTERM
-    say("terminated" if terminated else "interrupted", "red", err=True)
+    say(stopped_message(terminated), "red", err=True)
     _forget_caught_interrupts()
     sys.exit(143 if terminated else 130)
 
@@ -100,6 +110,7 @@ def main() -> None:
     width: a message is one line for grep and logs however long its paths are) and Ctrl-C / SIGTERM into
     exit 130 / 143 after the code under way has cleaned up."""
     _stopped["by"] = None
+    stop_note["text"] = None
     watch = threading.current_thread() is threading.main_thread()
     previous: dict[signal.Signals, Any] = {}
     if watch:

@@ -18,6 +18,16 @@ from typer.models import OptionInfo
 console = Console(highlight=False)
 errors = Console(stderr=True, soft_wrap=True, highlight=False)  # one error per line: paths never wrap
 debug = {"on": False}
+#: What the command under way adds to "interrupted" / "terminated" once it has started work that a re-run resumes.
+#: Every way a run can stop prints it: the command's own handler, and the entry point's, which ends the run when a
+#: Ctrl-C landed where CPython could not raise it (a __del__, a weakref callback) and the command went on.
+stop_note: dict[str, str | None] = {"text": None}
+
+
+def stopped_message(terminated: bool) -> str:
+    """The line a stopped run ends with: the signal's word, then the command's note if it set one."""
+    word = "terminated" if terminated else "interrupted"
+    return word if stop_note["text"] is None else f"{word}: {stop_note['text']}"
 
 
 class OutputClosed(Exception):

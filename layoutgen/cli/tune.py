@@ -18,9 +18,10 @@ from layoutgen.cli.common import (
     bad_input,
     check_writable_dir,
     console,
-    errors,
     parse_shape,
     say,
+    stop_note,
+    stopped_message,
 )
 from layoutgen.files import GENERATED_MARK, generated_by_layoutgen
 from layoutgen.spec import SpecError
@@ -265,6 +266,7 @@ def tune(
         return
     from layoutgen.tuning_db import DatabaseError
 
+    stop_note["text"] = "decided studies were recorded; re-run the same command to resume"
     try:
         summary = run(options, console)
         if summary.db_path is not None:
@@ -392,6 +394,5 @@ def _exit_resumable() -> NoReturn:
     from layoutgen.signals import terminated_by_sigterm
 
     terminated = terminated_by_sigterm()
-    errors.print("terminated" if terminated else "interrupted", style="red", end="", markup=False)
-    say(": decided studies were recorded; re-run the same command to resume", err=True)
+    say(stopped_message(terminated), "red", err=True)
     sys.exit(143 if terminated else 130)
