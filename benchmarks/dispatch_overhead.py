@@ -7,7 +7,10 @@ calls, of:
 
   (a) layoutgen `pack(out, lse, bufs)` and `combine(bufs, B, out=...)` with the
       config dispatch picks (tuned from the tuning database, else the default),
-      and `combine(bufs, B)` allocating its output;
+      and `combine(bufs, B)` allocating its output; then the contract-v2 forms an
+      engine calls every step: the masked pack (`empty=`, every 4th request
+      empty), the pack from `max_sum=(max, sum)`, and the combine with `scale=`
+      and with `return_lse=True`;
   (b) the same compiled kernels launched through `kernel[grid](...)` with the same
       (pre-built) arguments, and through the generated `_launch_*` function;
   (c) an empty Triton kernel through `kernel[grid](...)`, and through the same
@@ -141,6 +144,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     lse = torch.randn(B, H, device=device) * 4
     bufs = module.alloc(N, args.B_max, H, D, dtype, device)
     merged = torch.empty(B, H // N, D, dtype=dtype, device=device)
+    empty = torch.arange(B, device=device) % 4 == 3
+    maximum = torch.randn(B, H, device=device) * 4
+    total = torch.rand(B, H, device=device) * 8 + 0.5
     rows: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
 
@@ -158,6 +164,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     worst = (got.double() - expected).abs().max().item()
     if worst > 0.05 * max(1.0, expected.abs().max().item()):
         raise SystemExit(f"layoutgen combine is off the reference by {worst}")
+    scaled, _ = module.combine(bufs, B, out=merged, scale=0.5)
+    worst = (scaled.double() - expected * 0.5).abs().max().item()
+    if worst > 0.05 * max(1.0, expected.abs().max().item()):
+        raise SystemExit(f"layoutgen combine with scale=0.5 is off the reference by {worst}")
+    for label, stats in (
+        ("masked", {"lse": lse, "empty": empty}),
+        ("max_sum", {"lse": None, "max_sum": (maximum, total)}),
+    ):
+        for tensor in (*bufs.tensors.values(), *want.tensors.values()):
+            tensor.view(torch.uint8).fill_(0xA5)
+        module.pack(out, bufs=bufs, **stats)
+        reference.pack(out, bufs=want, **stats)
+        for name in bufs.tensors:
+            if not torch.equal(bufs.tensors[name].view(torch.uint8), want.tensors[name].view(torch.uint8)):
+                raise SystemExit(f"layoutgen's {label} pack differs from the reference in buffer {name!r}")
+    module.pack(out, lse, bufs)
 
     pack_plan = module._dispatch.pack_plan(out, lse, bufs)
     combine_plan = module._dispatch.combine_plan(bufs, B, "e", merged, False, None)
@@ -176,6 +198,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows["a_pack"] = host_times(lambda: module.pack(out, lse, bufs), args.calls)
     rows["a_combine_out"] = host_times(lambda: module.combine(bufs, B, out=merged), args.calls)
     rows["a_combine_alloc"] = host_times(lambda: module.combine(bufs, B), args.calls)
+    rows["a_pack_masked"] = host_times(lambda: module.pack(out, lse, bufs, empty=empty), args.calls)
+    rows["a_pack_max_sum"] = host_times(lambda: module.pack(out, bufs=bufs, max_sum=(maximum, total)), args.calls)
+    module.pack(out, lse, bufs)
+    rows["a_combine_scaled"] = host_times(lambda: module.combine(bufs, B, out=merged, scale=0.5), args.calls)
+    rows["a_combine_lse"] = host_times(lambda: module.combine(bufs, B, out=merged, return_lse=True), args.calls)
 
     # (b) the same compiled kernels through Triton's launcher.
     pack_grid, pack_args, pack_kwargs = recorded_call(
@@ -233,6 +260,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if device == "cuda":
         gpu = {
             "pack_us": graph_gpu_us(lambda: module.pack(out, lse, bufs)),
+            "pack_masked_us": graph_gpu_us(lambda: module.pack(out, lse, bufs, empty=empty)),
             "combine_us": graph_gpu_us(lambda: module.combine(bufs, B, out=merged)),
             "pack_combine_us": graph_gpu_us(lambda: (module.pack(out, lse, bufs), module.combine(bufs, B, out=merged))),
             "empty_kernel_us": graph_gpu_us(lambda: _empty_kernel[(1,)](scratch)),
@@ -255,6 +283,10 @@ LABELS = {
     "a_pack": "(a) layoutgen pack(out, lse, bufs)",
     "a_combine_out": "(a) layoutgen combine(bufs, B, out=...)",
     "a_combine_alloc": "(a) layoutgen combine(bufs, B) (allocates out)",
+    "a_pack_masked": "(a) layoutgen pack(out, lse, bufs, empty=...) (every 4th request empty)",
+    "a_pack_max_sum": "(a) layoutgen pack(out, bufs=bufs, max_sum=(max, sum))",
+    "a_combine_scaled": "(a) layoutgen combine(bufs, B, out=..., scale=0.5)",
+    "a_combine_lse": "(a) layoutgen combine(bufs, B, out=..., return_lse=True)",
     "b_pack_kernel_grid": "(b) pack kernel via kernel[grid](...)",
     "b_combine_kernel_grid": "(b) combine kernel via kernel[grid](...)",
     "b_pack_launch_function": "(b) generated _launch_pack (kernel[grid] + grid arithmetic)",
@@ -297,15 +329,16 @@ def markdown(result: dict[str, Any]) -> str:
     if gpu:
         lines.append(
             f"GPU time per call, {GRAPH_REPEATS} calls captured in one CUDA graph (median of 50 replays): "
-            f"pack {gpu['pack_us']:.2f} µs, combine {gpu['combine_us']:.2f} µs, pack + combine "
+            f"pack {gpu['pack_us']:.2f} µs, masked pack {gpu['pack_masked_us']:.2f} µs, combine {gpu['combine_us']:.2f} µs, pack + combine "
             f"{gpu['pack_combine_us']:.2f} µs, empty kernel {gpu['empty_kernel_us']:.2f} µs."
         )
     host = result["host"]
     if "d_sglang_pack" in host:
         ratio = host["d_sglang_pack"]["median_us"] / host["a_pack"]["median_us"]
         lines.append(f"sglang eager pack / layoutgen pack, host time: {ratio:.2f}x (target >= 2).")
-    ratio = host["a_pack"]["median_us"] / host["c_empty_kernel_grid"]["median_us"]
-    lines.append(f"layoutgen pack / empty kernel via kernel[grid], host time: {ratio:.2f} (target <= 1).")
+    for key, call in (("a_pack", "pack"), ("a_pack_masked", "masked pack")):
+        ratio = host[key]["median_us"] / host["c_empty_kernel_grid"]["median_us"]
+        lines.append(f"layoutgen {call} / empty kernel via kernel[grid], host time: {ratio:.2f} (target <= 1).")
     lines += [f"Note: {note}" for note in result["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -331,7 +364,9 @@ def main() -> int:
         return 2
     result = measure(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "dispatch_overhead_" + device_file_name(result["environment"]["device"]).removesuffix(".json")
+    # The default spec's report keeps its name; another spec's carries the spec's name too.
+    spec_part = "" if args.spec == "pynccl_a2a" else f"{args.spec}_"
+    stem = f"dispatch_overhead_{spec_part}" + device_file_name(result["environment"]["device"]).removesuffix(".json")
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     text = markdown(result)
     (args.out / f"{stem}.md").write_text(text)

@@ -194,6 +194,9 @@
 #                                               lift), three points (run on the H100 and the H200); then, on an H200,
 #                                               the three re-tuned over the DCP grid (their source hashes changed) and
 #                                               the database check
+#   bash benchmarks/gpu_session.sh hostv2 OUT  (thirty-first pass) dispatch_overhead.py with the contract-v2 rows (masked pack,
+#                                               pack from (max, sum), scaled combine, combine with its LSE) on pynccl_a2a
+#                                               and trtllm_helix_native_v2, three runs each (the host's noise is large)
 #   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
 #                                               tuning_db/ first where the tree is carried afresh)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
@@ -404,6 +407,13 @@ gpu)
     timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py \
         tests/test_tuning.py::test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool 2>&1 \
         | tee "$out/gpu_tests.log" | tail -4
+    ;;
+hostv2)
+    for run in 1 2 3; do
+        for spec in pynccl_a2a trtllm_helix_native_v2; do
+            timeout 80 python3 benchmarks/dispatch_overhead.py --spec $spec --out "$out/run$run" 2>&1 | tail -3
+        done
+    done
     ;;
 checkup)
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
