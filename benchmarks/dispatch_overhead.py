@@ -180,6 +180,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if not torch.equal(bufs.tensors[name].view(torch.uint8), want.tensors[name].view(torch.uint8)):
                 raise SystemExit(f"layoutgen's {label} pack differs from the reference in buffer {name!r}")
     module.pack(out, lse, bufs)
+    reference.pack(out, lse, want)  # the plain pack's bytes again: sglang's pack is checked against them below
 
     pack_plan = module._dispatch.pack_plan(out, lse, bufs)
     combine_plan = module._dispatch.combine_plan(bufs, B, "e", merged, False, None)

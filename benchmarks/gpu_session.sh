@@ -197,6 +197,10 @@
 #   bash benchmarks/gpu_session.sh hostv2 OUT  (thirty-first pass) dispatch_overhead.py with the contract-v2 rows (masked pack,
 #                                               pack from (max, sum), scaled combine, combine with its LSE) on pynccl_a2a
 #                                               and trtllm_helix_native_v2, three runs each (the host's noise is large)
+#   bash benchmarks/gpu_session.sh smalldefaults OUT (thirty-first pass) the default pack and combine beside small boxes at
+#                                               B 1 and 8 (N 8, H 128, D 512) for pynccl_a2a (rows 4-byte aligned),
+#                                               pynccl_a2a_aligned and vllm_a2a: is the default's gap to the H200's
+#                                               tuned configs there (default_us in the database) real? Then hostv2
 #   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
 #                                               tuning_db/ first where the tree is carried afresh)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
@@ -408,6 +412,13 @@ gpu)
         tests/test_tuning.py::test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool 2>&1 \
         | tee "$out/gpu_tests.log" | tail -4
     ;;
+smalldefaults)
+    small="--specs= --bundled pynccl_a2a,pynccl_a2a_aligned,vllm_a2a --batches 1,8 --sample 0"
+    timeout 220 python3 benchmarks/probe_unseen_dcp.py --out "$out" --label small_pack $small --kernel pack \
+        --grid 1:1,2,4:256,512:1,4:1,2 2>&1 | tail -2
+    timeout 160 python3 benchmarks/probe_unseen_dcp.py --out "$out" --label small_combine $small --kernel combine \
+        --grid 1:1,2:128,256,512:1,4 2>&1 | tail -2
+    ;&
 hostv2)
     for run in 1 2 3; do
         for spec in pynccl_a2a trtllm_helix_native_v2; do
