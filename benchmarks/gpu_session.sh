@@ -201,6 +201,8 @@
 #                                               B 1 and 8 (N 8, H 128, D 512) for pynccl_a2a (rows 4-byte aligned),
 #                                               pynccl_a2a_aligned and vllm_a2a: is the default's gap to the H200's
 #                                               tuned configs there (default_us in the database) real? Then hostv2
+#   bash benchmarks/gpu_session.sh maskwarps OUT (thirty-first pass) probe_mask_warps.py: plain, masked and masked with spread
+#                                               flags, one box at 1-8 warps, rotated and back to back, B 1 and 8
 #   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
 #                                               tuning_db/ first where the tree is carried afresh)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
@@ -411,6 +413,10 @@ gpu)
     timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py \
         tests/test_tuning.py::test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool 2>&1 \
         | tee "$out/gpu_tests.log" | tail -4
+    ;;
+maskwarps)
+    timeout 300 python3 benchmarks/probe_mask_warps.py --out "$out/probe_mask_warps.json" --point 4:8:128:512 \
+        --point 8:1:128:512 --point 8:8:16:512 2>&1 | tail -24
     ;;
 smalldefaults)
     small="--specs= --bundled pynccl_a2a,pynccl_a2a_aligned,vllm_a2a --batches 1,8 --sample 0"
