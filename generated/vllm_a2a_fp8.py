@@ -623,13 +623,15 @@ def pack(out, lse=None, bufs=None, *, empty=None, max_sum=None, config=None):
     _dispatch.pack(out, lse, bufs, config, empty, max_sum)
 
 
-def combine(bufs, B, *, lse_base="e", out=None, return_lse=False, scale=1.0, config=None):
+def combine(bufs, B, *, lse_base="e", out=None, return_lse=False, scale=1.0, config=None, out_lse=None):
     """Merge the N partials of the first B rows of `bufs`: (out [B, H/N, D], lse [B, H/N] or None).
 
     Partials weigh exp(lse_i - max lse) (exp2 for lse_base="2"); the merged LSE
     is in the same base.  `scale` multiplies the merged output in float32 before the cast (1.0: no multiply).
+    `out_lse`: a contiguous float32 [B, H/N] tensor the merged LSE is written into (then returned; it implies
+    return_lse) instead of a new one.
     """
-    return _dispatch.combine(bufs, B, lse_base, out, return_lse, config, scale)
+    return _dispatch.combine(bufs, B, lse_base, out, return_lse, config, scale, out_lse)
 
 
 def exchange(send_bufs, recv_bufs, group=None):

@@ -7,6 +7,7 @@ replays it after.  The eager hot path (`Dispatcher.combine`) inlines the key.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
@@ -16,7 +17,7 @@ from layoutgen.dcp.config import CombineConfig, default_combine_config
 from layoutgen.dcp.plans import CombinePlan
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import plans_of
-from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, needs_int64
+from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, describe, needs_int64
 
 
 def combine_key(
@@ -75,3 +76,28 @@ def launch(owner: Any, plan: CombinePlan, bufs: Any, out: torch.Tensor, out_lse:
             plan.direct(tensors)
             return
     launcher(*args)
+
+
+def check_out_lse(plan: CombinePlan, buffers: Iterable[torch.Tensor], out: torch.Tensor, out_lse: Any) -> None:
+    """A caller's `out_lse`: a contiguous float32 [B, H/N] tensor on the plan's device that shares memory with
+    neither `out` nor the buffers combine reads.  Its geometry is fixed by the plan (checked first), so the
+    plan keeps the overlap check: 0.7 us a call, against 5 us for measuring every span again (CI-like CPU)."""
+    if (
+        not isinstance(out_lse, torch.Tensor)
+        or tuple(out_lse.shape) != plan.out_shape[:2]
+        or out_lse.dtype != torch.float32
+        or not out_lse.is_contiguous()
+        or out_lse.device != plan.device
+    ):
+        given = describe(out_lse) if isinstance(out_lse, torch.Tensor) else type(out_lse).__name__
+        raise ValueError(
+            f"out_lse must be a contiguous float32 tensor of shape {list(plan.out_shape[:2])} on {plan.device}; "
+            f"got {given}"
+        )
+    if plan.lse_guard is None:
+        plan.lse_guard = OverlapGuard.of(buffers, (out, out_lse), disjoint=True)
+    if plan.lse_guard.may_overlap((out, out_lse)):
+        raise ValueError(
+            "out_lse must not share memory with out or the buffers combine reads; pass a tensor of its own "
+            f"(e.g. torch.empty); got {describe(out_lse)}"
+        )

@@ -186,17 +186,23 @@ class Dispatcher:
         return_lse: Any = False,
         config: CombineConfig | None = None,
         scale: Any = 1.0,
+        out_lse: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # The kernel writes `out` through its pointer, out of autograd's sight: in grad mode an `out` that
         # requires grad is refused (as torch's out= functions do), and, below, a written `out` gets its version
         # counter bumped, so that a graph which saved it fails in backward instead of using the new values.
         # Together 0.2 us a call with out= (cached path, launch stubbed, median of 50k calls, CI-like CPU, Python
         # 3.11: 1.63 -> 1.85 us in grad mode, -> 1.79 under no_grad); a call without out= pays one comparison.
-        # Under torch.compile the custom op bumps the counter itself (mutates_args).
+        # Under torch.compile the custom op bumps the counter itself (mutates_args).  `out_lse` likewise.
         if out is not None and _grad_enabled() and getattr(out, "requires_grad", False) is True:
             checks.refuse_out_gradient("combine", "out")
+        if out_lse is not None:
+            if return_lse is False:  # out_lse asks for the LSE (any other value is validated as return_lse)
+                return_lse = True
+            if _grad_enabled() and getattr(out_lse, "requires_grad", False) is True:
+                checks.refuse_out_gradient("combine", "out_lse")
         if _is_compiling():
-            return traced.combine_traced(self, bufs, B, lse_base, out, return_lse, config, scale)
+            return traced.combine_traced(self, bufs, B, lse_base, out, return_lse, config, scale, out_lse)
         # The same lookup as combine_plan() (combine_plan.combine_key inlined), as in pack.
         try:
             plan = bufs.__dict__[_PLANS][
@@ -217,6 +223,8 @@ class Dispatcher:
             plan = None
         if plan is None or (out is not None and plan.may_overlap(out)):  # planned outside the handler, as in pack
             plan = combine_plan.plan_combine(self, bufs, B, lse_base, out, return_lse, config, scale)
+        if out_lse is not None:
+            return self._combine_into_lse(plan, bufs, out, out_lse)
         out_lse = torch.empty(plan.out_shape[:2], dtype=torch.float32, device=plan.device) if return_lse else None
         if out is None:
             out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
@@ -225,6 +233,19 @@ class Dispatcher:
         elif B:
             combine_plan.launch(self, plan, bufs, out, out_lse)
             _increment_version((out,))  # a tuple: a bare tensor would be iterated, bumping once per row view
+        return out, out_lse
+
+    def _combine_into_lse(
+        self, plan: CombinePlan, bufs: Any, out: Any, out_lse: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """combine with a caller's `out_lse` (and `out`, or a new one): checked against the plan, then written."""
+        given_out = out is not None
+        if out is None:
+            out = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
+        combine_plan.check_out_lse(plan, bufs.tensors.values(), out, out_lse)
+        if plan.out_shape[0]:
+            combine_plan.launch(self, plan, bufs, out, out_lse)
+            _increment_version((out, out_lse) if given_out else (out_lse,))
         return out, out_lse
 
     def combine_into(self, plan: CombinePlan, bufs: Any, out: torch.Tensor, out_lse: torch.Tensor | None) -> None:

@@ -19,7 +19,15 @@ def pack_traced(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: A
 
 
 def combine_traced(
-    owner: Any, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
+    owner: Any,
+    bufs: Any,
+    B: Any,
+    lse_base: Any,
+    out: Any,
+    return_lse: Any,
+    config: Any,
+    scale: Any = 1.0,
+    out_lse: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     # Checked while tracing, before the allocation below fails on them in torch's words. scale's value is
     # checked by the op, on the number: under dynamic shapes the tracer holds a symbol, not a float.
@@ -30,7 +38,8 @@ def combine_traced(
     device = bufs.tensors["payload"].device
     if out is None:
         out = torch.empty((B, heads_per_peer, bufs.D), dtype=bufs.dtype, device=device)
-    out_lse = torch.empty((B, heads_per_peer), dtype=torch.float32, device=device) if return_lse else None
+    if out_lse is None and return_lse:
+        out_lse = torch.empty((B, heads_per_peer), dtype=torch.float32, device=device)
     torch.ops.layoutgen.combine(
         list(bufs.tensors.values()),
         out,
