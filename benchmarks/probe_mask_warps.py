@@ -17,9 +17,6 @@ Usage (GPU): python benchmarks/probe_mask_warps.py --out /tmp/probe_mask_warps.j
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,38 +29,13 @@ import layoutgen
 from layoutgen.dcp import reference
 from layoutgen.dcp.config import PackConfig
 
-GRAPH_CALLS = 64
 #: Bytes between two requests' flags in the spread form: one L2 line each.
 SPREAD_BYTES = 128
 
 
-def back_to_back_us(call: Any) -> float:
-    """µs per call: GRAPH_CALLS calls on the same inputs in one CUDA graph, median of 50 replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            call()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(50):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / GRAPH_CALLS)
-    return statistics.median(times)
-
-
 def measure(bench: Any, module: Any, N: int, B: int, H: int, D: int, config: PackConfig) -> dict[str, Any]:
     from bench_dcp_v2 import _filled, _same, pack_inputs
+    from dispatch_overhead import graph_gpu_us as back_to_back_us  # 64 calls on the same inputs in one graph
 
     nbytes, sets, outs, lses, empty = pack_inputs(bench, module, N, B, H, D)
     spread = torch.zeros(B * SPREAD_BYTES, dtype=torch.bool, device=bench.device)[::SPREAD_BYTES]
@@ -110,7 +82,8 @@ def main() -> int:
     parser.add_argument("--point", action="append", default=[], metavar="N:B:H:D", help="a point (repeatable)")
     parser.add_argument("--box", default="1:2:512", metavar="BATCH:HEAD:DIM", help="the box timed at each warp count")
     args = parser.parse_args()
-    from bench_dcp_v2 import Bench, environment
+    from bench_dcp_v2 import Bench
+    from probe_pack_mask import write_rows
 
     bench = Bench(False, None)
     block_batch, block_head, block_dim = (int(value) for value in args.box.split(":"))
@@ -133,13 +106,7 @@ def main() -> int:
                     f"{name} N{N} B{B} H{H} D{D} {warps} warps (plain / masked / spread [/ public plain / masked]): {line}",
                     flush=True,
                 )
-                result = {
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "environment": environment(),
-                    "rows": rows,
-                }
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+                write_rows(args.out, rows)
     return 0
 
 
