@@ -135,3 +135,27 @@ def test_a_compiled_combine_into_out_lse_matches_eager() -> None:
     got = torch.compile(step, fullgraph=True, backend="eager")(out_lse)
     assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
     assert torch.equal(out_lse.view(torch.uint8), want_lse.view(torch.uint8))
+
+
+# --- DcpExchange's merged_lse_out ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lead", [(4,), (2, 2), (0,)], ids=["[B, H, D]", "[R, T, H, D]", "no rows"])
+def test_an_exchange_writes_its_lse_into_merged_lse_out(lead: tuple[int, ...], one_rank_group: None) -> None:
+    exchange = layoutgen.DcpExchange("vllm_a2a", None, B_max=B_MAX, H=H, D=D, dtype=torch.bfloat16, device="cpu")
+    generator = torch.Generator().manual_seed(len(lead))
+    out = torch.randn(*lead, H, D, generator=generator).to(torch.bfloat16)
+    lse = torch.randn(*lead, H, generator=generator) * 3
+    want, want_lse = exchange(out, lse, return_lse=True)
+    merged_lse_out = torch.full((*lead, H), float("nan"))  # one rank: H/N = H
+    merged, merged_lse = exchange(out, lse, merged_lse_out=merged_lse_out)  # implies return_lse
+    assert merged_lse is merged_lse_out
+    assert torch.equal(merged.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(merged_lse_out.view(torch.uint8), want_lse.view(torch.uint8))
+
+
+def test_an_exchange_refuses_a_merged_lse_out_that_requires_grad(one_rank_group: None) -> None:
+    exchange = layoutgen.DcpExchange("vllm_a2a", None, B_max=B_MAX, H=H, D=D, dtype=torch.bfloat16, device="cpu")
+    out, lse = torch.randn(2, H, D).to(torch.bfloat16), torch.randn(2, H)
+    with pytest.raises(RuntimeError, match="DcpExchange: merged_lse_out requires grad"):
+        exchange(out, lse, merged_lse_out=torch.empty(2, H, requires_grad=True))

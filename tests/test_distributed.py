@@ -161,12 +161,21 @@ def check_spec(checks: Checks, spec: str, N: int, device: Any, exchange_fn: Any 
     pointers = buffer_pointers(exchange)
     for call, (B, empty_shards, return_lse) in enumerate(((B_MAX, False, True), (2, True, True), (4, True, False))):
         outs, lses = make_partials(N, B, H, torch.bfloat16, device, seed=100 * N + call, empty_shards=empty_shards)
-        # The call without LSE writes into a caller's tensor, as a CUDA-graph user may ask.
+        # The call without LSE writes into a caller's tensor, as a CUDA-graph user may ask; the first call's LSE
+        # goes into one too.
         merged_out = None if return_lse else torch.empty(B, 3, D, dtype=torch.bfloat16, device=device)
-        result = exchange(outs[checks.rank], lses[checks.rank], return_lse=return_lse, merged_out=merged_out)
+        merged_lse_out = torch.empty(B, 3, device=device) if call == 0 else None
+        result = exchange(
+            outs[checks.rank],
+            lses[checks.rank],
+            return_lse=return_lse,
+            merged_out=merged_out,
+            merged_lse_out=merged_lse_out,
+        )
         merged, merged_lse = result if return_lse else (result, None)
         checks.expect(isinstance(merged, torch.Tensor), f"{spec}: return_lse={return_lse} gave {type(result)}")
         checks.expect(merged_out is None or merged is merged_out, f"{spec}: merged_out was not used")
+        checks.expect(merged_lse_out is None or merged_lse is merged_lse_out, f"{spec}: merged_lse_out was not used")
         checks.merged_matches(f"{spec} N={N} B={B}", merged, merged_lse, outs, lses, N, lse_base, bundled_specs()[spec])
         send, _ = exchange.batch_buffers(B)
         checks.expect(
@@ -230,6 +239,39 @@ def check_errors(checks: Checks, N: int, device: Any) -> None:
     for label, (error, words, merged_out) in merged_outs.items():
         checks.expect_raises(
             error, words, lambda merged_out=merged_out: exchange(good_out, good_lse, merged_out=merged_out), label
+        )
+    merged = torch.empty(2, h, D, **bf16)
+    merged_lse_outs = {
+        "merged_lse_out of the wrong shape": (
+            ValueError,
+            ["merged_lse_out", f"[2, {h}]", f"({2}, {h + 1})"],
+            torch.empty(2, h + 1, device=device),
+        ),
+        "merged_lse_out of the wrong dtype": (
+            ValueError,
+            ["merged_lse_out", "float32", "torch.float64"],
+            torch.empty(2, h, device=device, dtype=torch.float64),
+        ),
+        "merged_lse_out not contiguous": (
+            ValueError,
+            ["merged_lse_out", "contiguous"],
+            torch.empty(h, 2, device=device).t(),
+        ),
+        "merged_lse_out not a tensor": (TypeError, ["merged_lse_out", "list"], [[0.0] * h] * 2),
+        "merged_lse_out over merged_out": (
+            ValueError,
+            ["merged_lse_out must not share memory with merged_out"],
+            merged.view(-1)[: 4 * h].view(torch.float32).view(2, h),
+        ),
+    }
+    for label, (error, words, merged_lse_out) in merged_lse_outs.items():
+        checks.expect_raises(
+            error,
+            words,
+            lambda merged_lse_out=merged_lse_out: exchange(
+                good_out, good_lse, merged_out=merged, merged_lse_out=merged_lse_out
+            ),
+            label,
         )
     wide = DcpExchange("vllm_a2a", None, B_max=4, H=H, D=D, dtype=torch.bfloat16, device=device)
     tokens_out = torch.randn(2, 2, H, D, device=device).to(torch.bfloat16)

@@ -28,7 +28,7 @@ from layoutgen.dcp.plans import remember_buffers
 from layoutgen.dcp.spec import Transport
 from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
-from layoutgen.runtime.tensors import positive_int, required_device
+from layoutgen.runtime.tensors import describe, overlap, positive_int, required_device
 
 _LSE_BASES = ("e", "2")
 
@@ -167,10 +167,10 @@ class DcpExchange:
         return views
 
     def _check_inputs(
-        self, out: Any, lse: Any, empty: Any, max_sum: Any, merged_out: Any = None
+        self, out: Any, lse: Any, empty: Any, max_sum: Any, merged_out: Any = None, merged_lse_out: Any = None
     ) -> tuple[int, tuple[int, ...]]:
         """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
-        return check_call_inputs(self, out, lse, empty, max_sum, merged_out)
+        return check_call_inputs(self, out, lse, empty, max_sum, merged_out, merged_lse_out)
 
     def __call__(
         self,
@@ -182,6 +182,7 @@ class DcpExchange:
         max_sum: tuple[torch.Tensor, torch.Tensor] | None = None,
         scale: float = 1.0,
         merged_out: torch.Tensor | None = None,
+        merged_lse_out: torch.Tensor | None = None,
     ) -> Any:
         """Pack -> exchange -> combine: this rank's merged ``[B, H/N, D]`` (``[R, T, H/N, D]`` for a 4-D
         ``out``), and its LSE (``[B, H/N]`` / ``[R, T, H/N]``, in ``lse_base``) when ``return_lse``.
@@ -189,10 +190,19 @@ class DcpExchange:
         ``lse`` or ``max_sum=(max, sum)`` give the statistics (see the module's ``pack``); ``empty`` (bool
         ``[R]``) marks requests with nothing on this rank: they count as empty shards everywhere.
         ``scale`` multiplies the merged output. ``merged_out`` (the result's shape, ``out``'s dtype and
-        device) receives the result instead of a new tensor."""
-        B, lead = self._check_inputs(out, lse, empty, max_sum, merged_out)
-        if merged_out is not None and torch.is_grad_enabled() and getattr(merged_out, "requires_grad", False) is True:
-            refuse_out_gradient("DcpExchange", "merged_out")  # combine would refuse it, naming its own `out`
+        device) receives the result instead of a new tensor; ``merged_lse_out`` (float32, contiguous, the
+        LSE's shape) receives the LSE (it implies ``return_lse``)."""
+        if merged_lse_out is not None and return_lse is False:  # any other value is validated as return_lse
+            return_lse = True
+        B, lead = self._check_inputs(out, lse, empty, max_sum, merged_out, merged_lse_out)
+        for name, given in (("merged_out", merged_out), ("merged_lse_out", merged_lse_out)):
+            if given is not None and torch.is_grad_enabled() and getattr(given, "requires_grad", False) is True:
+                refuse_out_gradient("DcpExchange", name)  # combine would refuse it, naming its own argument
+        if merged_out is not None and merged_lse_out is not None and overlap(merged_out, merged_lse_out):
+            raise ValueError(
+                "merged_lse_out must not share memory with merged_out: pass a tensor of its own (e.g. torch.empty); "
+                f"got {describe(merged_lse_out)}"
+            )
         h = self.heads_per_rank
         flat_out = None if merged_out is None else merged_out.view(B, h, self.D)
         if B == 0:
@@ -201,7 +211,9 @@ class DcpExchange:
             check_scale(scale)
             # Every rank has the same B: all of them skip the collective together.
             merged = out.new_empty((*lead, h, self.D)) if merged_out is None else merged_out
-            return (merged, out.new_empty((*lead, h), dtype=torch.float32)) if return_lse else merged
+            if merged_lse_out is None:
+                merged_lse_out = out.new_empty((*lead, h), dtype=torch.float32)
+            return (merged, merged_lse_out) if return_lse else merged
         send, recv = self.batch_buffers(B)
         self.module.pack(out, lse, send, empty=empty, max_sum=max_sum)
         if self.world_size > 1:  # one rank's combine reads what its pack wrote
@@ -209,14 +221,17 @@ class DcpExchange:
                 self.exchange_fn(send.tensors, recv.tensors)
             else:
                 self.module.exchange(send, recv, self.group)
+        flat_lse = None if merged_lse_out is None else merged_lse_out.view(B, h)
         merged, merged_lse = self.module.combine(
-            recv, B, lse_base=self.lse_base, out=flat_out, return_lse=return_lse, scale=scale
+            recv, B, lse_base=self.lse_base, out=flat_out, return_lse=return_lse, scale=scale, out_lse=flat_lse
         )
         if len(lead) == 2:
             merged = merged.view(*lead, h, self.D) if merged_out is None else merged_out
             merged_lse = None if merged_lse is None else merged_lse.view(*lead, h)
         elif merged_out is not None:
             merged = merged_out
+        if merged_lse_out is not None:
+            merged_lse = merged_lse_out
         return (merged, merged_lse) if return_lse else merged
 
     def __repr__(self) -> str:

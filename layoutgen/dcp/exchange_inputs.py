@@ -13,7 +13,7 @@ from layoutgen.runtime.tensors import describe, overlaps_itself
 
 
 def check_call_inputs(
-    exchange: Any, out: Any, lse: Any, empty: Any, max_sum: Any, merged_out: Any = None
+    exchange: Any, out: Any, lse: Any, empty: Any, max_sum: Any, merged_out: Any = None, merged_lse_out: Any = None
 ) -> tuple[int, tuple[int, ...]]:
     """Validate a call's inputs (once per shape, stride, dtype and device); (rows, out's leading shape)."""
     # A (max, sum) pair only (`max_sum_pair`): a non-pair gets no key, and the checks below name it.
@@ -35,6 +35,9 @@ def check_call_inputs(
                 None
                 if merged_out is None
                 else (merged_out.shape, merged_out.stride(), merged_out.dtype, merged_out.device),
+                None
+                if merged_lse_out is None
+                else (merged_lse_out.shape, merged_lse_out.stride(), merged_lse_out.dtype, merged_lse_out.device),
             )
         )
     except (AttributeError, TypeError):
@@ -93,6 +96,8 @@ def check_call_inputs(
         )
     if merged_out is not None:
         check_merged_out(exchange, merged_out, lead)
+    if merged_lse_out is not None:
+        check_merged_lse_out(exchange, merged_lse_out, lead)
     if key is not None:
         exchange._checked_inputs.add(key)
     return int(batch), lead
@@ -120,6 +125,26 @@ def check_merged_out(exchange: Any, merged_out: Any, lead: tuple[int, ...]) -> N
         raise ValueError(
             f"merged_out [R, T, H/N, D] must be viewable as [R*T={math.prod(lead)}, {h}, {D}] (its R and T axes "
             f"one stride apart, e.g. contiguous); got {describe(merged_out)}"
+        )
+
+
+def check_merged_lse_out(exchange: Any, merged_lse_out: Any, lead: tuple[int, ...]) -> None:
+    """`merged_lse_out` must be a contiguous float32 tensor of the LSE's shape on the exchange's device (combine
+    writes it as [B, H/N] words)."""
+    h = exchange.heads_per_rank
+    want = f"[{', '.join(str(n) for n in (*lead, h))}] ({'B' if len(lead) == 1 else 'R, T'}, H/N={h})"
+    if not isinstance(merged_lse_out, torch.Tensor):
+        raise TypeError(
+            f"merged_lse_out must be None or a float32 torch.Tensor {want}, got {type(merged_lse_out).__name__}"
+        )
+    if (
+        tuple(merged_lse_out.shape) != (*lead, h)
+        or merged_lse_out.dtype != torch.float32
+        or not merged_lse_out.is_contiguous()
+        or merged_lse_out.device != exchange.device
+    ):
+        raise ValueError(
+            f"merged_lse_out must be a contiguous float32 tensor {want} on {exchange.device}; got {describe(merged_lse_out)}"
         )
 
 
