@@ -109,9 +109,16 @@ class Bench:
         return rotating_sets(nbytes, self.l2)
 
     def time(self, run: Callable[[int], Any], sets: int, nbytes: int) -> dict[str, float]:
-        timing = self.timer.time(run, sets, estimated_us=max(1.0, nbytes / 3.5e6))
+        return self._result(self.timer.time(run, sets, estimated_us=max(1.0, nbytes / 3.5e6)), nbytes)
+
+    def time_interleaved(self, runs: list[Callable[[int], Any]], sets: int, nbytes: int) -> list[dict[str, float]]:
+        """`runs` replayed in turn (A, B, C, A, B, C, ...): one clock and thermal state for all of them."""
+        timings = self.timer.time_interleaved(runs, sets, estimated_us=max(1.0, nbytes / 3.5e6))
+        return [self._result(timing, nbytes) for timing in timings]
+
+    def _result(self, timing: Any, nbytes: int) -> dict[str, float]:
         tbps = nbytes / (timing.median_us * 1e-6) / 1e12
-        result = {"us": timing.median_us, "tbps": tbps}
+        result = {"us": timing.median_us, "p20_us": timing.p20_us, "p80_us": timing.p80_us, "tbps": tbps}
         if self.copy_tbps:
             result["ceiling"] = tbps / self.copy_tbps
         return result
@@ -152,6 +159,7 @@ def masked_pack(bench: Bench, name: str, sglang: Any, N: int, B: int, H: int, D:
     sends = [_filled(module.alloc(N, B, H, D, dtype, device)) for _ in range(sets)]
     config, source = bench.config(module, "pack", N, H, D, B)
     row: dict[str, Any] = {"spec": name, "N": N, "B": B, "H": H, "D": D, "config": source, "bytes": nbytes}
+    runs = []
     for label, mask in (("unmasked", None), ("masked", empty)):
         expected = _filled(module.alloc(N, B, H, D, dtype, device))
         reference.pack(outs[0], lses[0], expected, empty=mask)
@@ -163,7 +171,10 @@ def masked_pack(bench: Bench, name: str, sglang: Any, N: int, B: int, H: int, D:
         run(0)
         if not _same(sends[0], expected):
             raise AssertionError(f"{label} pack differs from the reference at {row}")
-        row[label] = bench.time(run, sets, nbytes)
+        runs.append(run)
+    # Timed in turn, with the unmasked pack twice: at B <= 8 the two packs differ by 0.02-0.10 µs of about
+    # 1.5 (H200, 2026-12-06, timed one after the other), and the repeat gives this run's noise at each point.
+    row["unmasked"], row["masked"], row["unmasked_again"] = bench.time_interleaved([*runs, runs[0]], sets, nbytes)
     if sglang is not None and not module.SPEC.max_sum:
         inf = torch.tensor(float("-inf"), device=device)
 
@@ -180,6 +191,7 @@ def masked_pack(bench: Bench, name: str, sglang: Any, N: int, B: int, H: int, D:
             raise AssertionError(f"sglang + torch.where differs from the reference at {row}")
         row["sglang_where"] = bench.time(run_sglang, sets, nbytes)
     row["masked_over_unmasked"] = row["masked"]["us"] / row["unmasked"]["us"]
+    row["unmasked_again_over_unmasked"] = row["unmasked_again"]["us"] / row["unmasked"]["us"]
     return row
 
 
@@ -341,18 +353,30 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "## Masked pack (every 4th request empty) against the unmasked pack, same config",
         "",
-        "| spec | N | B | H | D | config | unmasked µs | masked µs | masked/unmasked | sglang + where µs | ours vs that |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "The unmasked, masked and unmasked-again packs are replayed in turn; the last column but two is the "
+        "unmasked pack timed twice, this run's noise at that point.",
+        "",
+        "| spec | N | B | H | D | config | unmasked µs | masked µs | masked/unmasked | unmasked twice | "
+        "sglang + where µs | ours vs that |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["masked"]:
         sglang = row.get("sglang_where")
         lines.append(
             f"| {row['spec']} | {row['N']} | {row['B']} | {row['H']} | {row['D']} | {row['config']} | "
             f"{row['unmasked']['us']:.2f} | {row['masked']['us']:.2f} | {row['masked_over_unmasked']:.3f} | "
+            f"{row['unmasked_again_over_unmasked']:.3f} | "
             + (f"{sglang['us']:.2f} | {sglang['us'] / row['masked']['us']:.2f}x |" if sglang else "- | - |")
         )
     worst = max((row["masked_over_unmasked"] for row in results["masked"]), default=math.nan)
-    lines += ["", f"Worst masked/unmasked ratio: {worst:.3f} (target <= 1.03).", ""]
+    noise = max((abs(row["unmasked_again_over_unmasked"] - 1) for row in results["masked"]), default=math.nan)
+    over = sum(row["masked_over_unmasked"] > 1.03 for row in results["masked"])
+    lines += [
+        "",
+        f"Worst masked/unmasked ratio: {worst:.3f} (target <= 1.03; {over} of {len(results['masked'])} points "
+        f"over). The unmasked pack timed twice differs from itself by up to {100 * noise:.1f}%.",
+        "",
+    ]
     lines += ["## (max, sum) combine (TensorRT-LLM helix) and an lse combine beside it", ""]
     lines += [
         "| spec | N | B | H | D | config | µs | TB/s | of ceiling | scale 0.5 µs |",

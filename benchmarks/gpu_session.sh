@@ -203,6 +203,8 @@
 #                                               tuned configs there (default_us in the database) real? Then hostv2
 #   bash benchmarks/gpu_session.sh maskwarps OUT (thirty-first pass) probe_mask_warps.py: plain, masked and masked with spread
 #                                               flags, one box at 1-8 warps, rotated and back to back, B 1 and 8
+#   bash benchmarks/gpu_session.sh turns OUT  (thirty-second pass) bench_dcp_v2.py with the masked pack timed in turn
+#                                               beside the unmasked one, which is timed twice (this run's noise), twice
 #   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
 #                                               tuning_db/ first where the tree is carried afresh)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
@@ -431,6 +433,10 @@ hostv2)
             timeout 80 python3 benchmarks/dispatch_overhead.py --spec $spec --out "$out/run$run" 2>&1 | tail -3
         done
     done
+    ;;
+turns)
+    timeout 250 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | grep -A2 "^Worst"
+    timeout 200 python3 benchmarks/bench_dcp_v2.py --quick --no-fp8 --out "$out/again" 2>&1 | grep -A2 "^Worst"
     ;;
 checkup)
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
