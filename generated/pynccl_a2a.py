@@ -424,7 +424,8 @@ def pack(out, lse=None, bufs=None, *, empty=None, max_sum=None, config=None):
 
     out: [B, H, D] (bf16, fp16 or fp32; any strides, the last 1), or [R, T, H, D] with row r * T + t.
     lse: float32 of out's leading shape ([B, H] or [R, T, H]), any strides; or instead
-    max_sum: (max, sum), two such float32 tensors (stored as max + log(sum), -inf where sum <= 0).
+    max_sum: (max, sum), two such float32 tensors (stored as max + ln(sum), a base-e LSE: combine
+    them with lse_base="e"; -inf where sum <= 0).
     empty: None or a torch.bool tensor [R] (R = B for 3-D out): its True requests are written as +0.0
     payload and LSE -inf, read inside the kernel (no host sync).
     `config=None` takes the tuned config for this shape and device (LAYOUTGEN_CONFIG forces one).
@@ -435,10 +436,13 @@ def pack(out, lse=None, bufs=None, *, empty=None, max_sum=None, config=None):
 def combine(bufs, B, *, lse_base="e", out=None, return_lse=False, scale=1.0, config=None, out_lse=None):
     """Merge the N partials of the first B rows of `bufs`: (out [B, H/N, D], lse [B, H/N] or None).
 
+    B: the rows packed (R * T after a pack of [R, T, H, D] out; the result is then [R * T, H/N, D]).
     Partials weigh exp(lse_i - max lse) (exp2 for lse_base="2"); the merged LSE
     is in the same base.  `scale` multiplies the merged output in float32 before the cast (1.0: no multiply).
-    `out_lse`: a contiguous float32 [B, H/N] tensor the merged LSE is written into (then returned; it implies
-    return_lse) instead of a new one.
+    `out`: None (a new tensor) or a [B, H/N, D] tensor of the buffers' dtype, any strides, sharing no memory
+    with `bufs`, written in place and returned.  `out_lse`: a contiguous float32 [B, H/N] tensor the merged LSE
+    is written into (then returned; it implies return_lse) instead of a new one.
+    `config=None` takes the tuned config for this shape and device (LAYOUTGEN_CONFIG forces one).
     """
     return _dispatch.combine(bufs, B, lse_base, out, return_lse, config, scale, out_lse)
 

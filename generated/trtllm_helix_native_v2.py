@@ -465,9 +465,12 @@ def pack(out, lse=None, bufs=None, *, empty=None, max_sum=None, config=None):
 def combine(bufs, B, *, lse_base="e", out=None, return_lse=False, scale=1.0, config=None, out_lse=None):
     """Merge the N partials of the first B rows of `bufs`: (out [B, H/N, D], lse [B, H/N] or None).
 
+    B: the rows packed (R * T after a pack of [R, T, H, D] out; the result is then [R * T, H/N, D]).
     Partials weigh s_i * exp(m_i - M) by their (max, sum) stats (exp2 for lse_base="2"); the merged LSE
     is in the same base.  `scale` multiplies the merged output in float32 before the cast (1.0: no multiply).
-    `out_lse`: a contiguous float32 [B, H/N] tensor the merged LSE is written into (then returned; it implies
-    return_lse) instead of a new one.
+    `out`: None (a new tensor) or a [B, H/N, D] tensor of the buffers' dtype, any strides, sharing no memory
+    with `bufs`, written in place and returned.  `out_lse`: a contiguous float32 [B, H/N] tensor the merged LSE
+    is written into (then returned; it implies return_lse) instead of a new one.
+    `config=None` takes the tuned config for this shape and device (LAYOUTGEN_CONFIG forces one).
     """
     return _dispatch.combine(bufs, B, lse_base, out, return_lse, config, scale, out_lse)

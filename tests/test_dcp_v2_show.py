@@ -127,8 +127,28 @@ def test_diff_between_two_helix_layouts_and_a_clear_error_across_forms() -> None
     assert counts == {"payload": 2 * 2 * 2 * 8, "max": 8, "sum": 8} and not result.identical
     same = show.diff_layouts(specs["trtllm_helix_nccl"], specs["trtllm_helix_nccl"], shape, "bfloat16")
     assert same.identical
-    with pytest.raises(ValueError, match="do not hold the same logical elements"):
-        show.diff_layouts(specs["vllm_a2a"], specs["trtllm_helix_nccl"], shape, "bfloat16")
+    # Across stats forms the payloads are compared and the stats words named as not compared.
+    across = show.diff_layouts(specs["vllm_a2a"], specs["trtllm_helix_nccl"], shape, "bfloat16")
+    assert across.counts() == {"payload": 2 * 2 * 2 * 8} and not across.identical
+    assert across.not_compared == "only vllm_a2a holds lse; only trtllm_helix_nccl holds max, sum"
+    text = show.diff_summary(across)
+    assert text.startswith("64 payload elements of the first B=2 rows in ")
+    assert text.endswith("Not compared: only vllm_a2a holds lse; only trtllm_helix_nccl holds max, sum.")
+
+
+def test_diff_of_a_bf16_wire_and_its_fp8_wire_compares_payload_and_lse_and_names_the_scales() -> None:
+    from layoutgen import show
+
+    specs = bundled_specs()
+    shape = {"N": 2, "B": 2, "H": 4, "D": 16, "E": 0}
+    result = show.diff_layouts(specs["vllm_a2a"], specs["vllm_a2a_fp8"], shape, "bfloat16")
+    assert result.counts() == {"payload": 2 * 2 * 2 * 16, "lse": 8} and not result.identical
+    assert result.not_compared == "only vllm_a2a_fp8 holds scale"
+    # The same element, one byte in B and two in A: every run's lengths say so.
+    assert all(run.a_length == 2 * run.b_length for run in result.runs if run.kind == "payload")
+    assert json.loads(show.diff_to_json(result))["not_compared"] == "only vllm_a2a_fp8 holds scale"
+    same = show.diff_layouts(specs["vllm_a2a_fp8"], specs["vllm_a2a_fp8"], shape, "bfloat16")
+    assert same.identical and same.not_compared == ""
 
 
 def test_show_refuses_more_empty_rows_than_live_ones() -> None:

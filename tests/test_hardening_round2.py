@@ -1388,11 +1388,12 @@ def test_the_plan_cache_validates_the_type_of_b_whatever_came_first(
     bufs = module.alloc(2, 2, 4, 8, torch.bfloat16)
     bufs.tensors["payload"].zero_()
     for value in (first, then):
-        if isinstance(value, int) and not isinstance(value, bool):
-            module.combine(bufs, value)
-        else:
+        if isinstance(value, float | bool):
             with pytest.raises(ValueError, match=r"B must be an int"):
                 module.combine(bufs, value)
+        else:  # an int, or a NumPy integer (taken as its int)
+            merged, _ = module.combine(bufs, value)
+            assert merged.shape == (1, 2, 8)
 
 
 @requires_interpreter

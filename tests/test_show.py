@@ -428,6 +428,15 @@ def test_another_family_vocabulary_draws_and_diffs() -> None:
     assert not diff.identical and diff.counts() == {"q": 16}
     assert json.loads(diff_to_json(diff))["shape"] == {"ranks": 2}
     assert "16 q elements in 4 runs." in render_text(diff_renderable(diff))
+    # Two layouts with no kind in common cannot be compared at all.
+    other = layout("token_outer", False)
+    renamed = dataclasses.replace(
+        other,
+        placements=(dataclasses.replace(other.placements[0], kind="k"),),
+        kinds=(Kind("k", Look.COLOURED, store_fact=True), *other.kinds[1:]),
+    )
+    with pytest.raises(ValueError, match=r"hold no logical elements in common.*only rank_outer holds q"):
+        diff_byte_layouts(layout("rank_outer", True), renamed)
 
 
 def test_docs_pictures_exist_and_are_small() -> None:

@@ -13,7 +13,7 @@ import torch
 
 from layoutgen.dcp.layout import LayoutBuffers, buffer_shapes
 from layoutgen.dcp.spec import DcpSpec
-from layoutgen.runtime.tensors import describe, overlap, overlap_relation, overlaps_itself
+from layoutgen.runtime.tensors import as_int, describe, overlap, overlap_relation, overlaps_itself, type_name
 
 
 def check_buffers(spec: DcpSpec, bufs: Any, label: str = "bufs") -> LayoutBuffers:
@@ -194,19 +194,22 @@ def check_scale(scale: Any) -> float:
     return value
 
 
-def check_combine_scalars(B: Any, B_max: int, lse_base: Any, return_lse: Any) -> None:
-    """combine's arguments besides the tensors (also checked while torch.compile traces a call)."""
+def check_combine_scalars(B: Any, B_max: int, lse_base: Any, return_lse: Any) -> int:
+    """combine's arguments besides the tensors (also checked while torch.compile traces a call); B as an int."""
+    B = as_int(B)
     if isinstance(B, bool) or not isinstance(B, int) or not 0 <= B <= B_max:
         raise ValueError(f"B must be an int in [0, B_max={B_max}]; got {B!r}")
     if lse_base not in ("e", "2"):
         raise ValueError(f"lse_base must be 'e' or '2'; got {lse_base!r}")
     if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+        raise TypeError(f"return_lse must be a bool; got {type_name(return_lse)}")
+    return B
 
 
-def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any) -> None:
+def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any) -> int:
+    """combine's arguments, `out` included; B as an int."""
     bufs = check_buffers(spec, bufs)
-    check_combine_scalars(B, bufs.B_max, lse_base, return_lse)
+    B = check_combine_scalars(B, bufs.B_max, lse_base, return_lse)
     out_shape = (B, bufs.H // bufs.N, bufs.D)
     if out is not None:
         if not isinstance(out, torch.Tensor):
@@ -226,3 +229,4 @@ def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any
                     f"out must not overlap the buffers it reads: it {overlap_relation(out, tensor)} bufs.tensors[{name!r}] "
                     f"({describe(tensor)}); got {describe(out)}. Pass a separate tensor, or out=None"
                 )
+    return B

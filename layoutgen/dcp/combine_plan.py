@@ -33,15 +33,15 @@ def plan_combine(
     owner: Any, bufs: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
 ) -> CombinePlan:
     """Validate a combine's arguments, choose its config and store the plan on `bufs`."""
-    checks.check_combine_args(owner.spec, bufs, B, lse_base, out, return_lse)
+    batch = checks.check_combine_args(owner.spec, bufs, B, lse_base, out, return_lse)  # an int (B may be NumPy's)
     scale_value = checks.check_scale(scale)
     tensors = list(bufs.tensors.values()) + ([out] if out is not None else [])
     check_runnable(owner.combine_kernel, *tensors)
     heads_per_peer = bufs.H // bufs.N
     if config is None:
         elem_size = bufs.tensors["payload"].element_size()
-        args = (owner.spec, bufs.N, heads_per_peer, bufs.D, max(B, 1), elem_size)
-        resolved = owner.resolve("combine", bufs, B, lambda: default_combine_config(*args))
+        args = (owner.spec, bufs.N, heads_per_peer, bufs.D, max(batch, 1), elem_size)
+        resolved = owner.resolve("combine", bufs, batch, lambda: default_combine_config(*args))
     else:
         check_config(config, CombineConfig)
         resolved = config
@@ -49,7 +49,7 @@ def plan_combine(
         cast(CombineConfig, resolved),
         needs_int64(*tensors),
         lse_base == "2",
-        (B, heads_per_peer, bufs.D),
+        (batch, heads_per_peer, bufs.D),
         bufs.dtype,
         bufs.device,
         scale_value,

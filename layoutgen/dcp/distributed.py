@@ -28,7 +28,7 @@ from layoutgen.dcp.plans import remember_buffers
 from layoutgen.dcp.spec import Transport
 from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
-from layoutgen.runtime.tensors import describe, overlap, positive_int, required_device
+from layoutgen.runtime.tensors import as_int, describe, overlap, positive_int, required_device
 
 _LSE_BASES = ("e", "2")
 
@@ -48,13 +48,13 @@ class DcpExchange:
         group: the DCP process group (``None``: the default group). Its size is N, the number of
             KV shards; every rank must construct the exchange with the same arguments (one all_gather
             checks them: a rank whose arguments are refused raises its error, every other rank one naming it).
-        B_max: the most query rows (sequences) one call may carry.
+        B_max: the most query rows one call may carry (B, or R * T for ``out [R, T, H, D]``).
         H, D: heads of ``out`` (all of them, divisible by N) and the head dimension.
         dtype, device: of ``out``; the buffers live on ``device``.
         lse_base: ``"e"`` or ``"2"``, the base of the LSEs the attention kernel produced.
         exchange_fn: the transport, ``exchange_fn(send_tensors, recv_tensors)`` over dicts of buffer
             name -> tensor (views of the static buffers, dense in the spec's layout at the call's B).
-            Required for ``external`` specs (see `flashinfer_mnnvl_exchange`); for
+            Required for ``external`` specs, in a group of one too (see `flashinfer_mnnvl_exchange`); for
             ``all_to_all_single`` specs it replaces the default one ``all_to_all_single`` per buffer.
 
     ``exchange(out [B, H, D], lse [B, H])`` returns this rank's merged ``[B, H/N, D]`` (and its LSE
@@ -62,7 +62,8 @@ class DcpExchange:
     ``[R, T, H/N, D]``. ``empty=`` (bool ``[R]``) marks requests with nothing on this rank, ``max_sum=``
     takes (max, sum) statistics instead of ``lse``, ``scale=`` multiplies the merged output (see the
     generated module's ``pack`` and ``combine``). Every rank must call with the same B, as DCP does (each
-    rank holds every query). A group of one rank packs and combines its one partial without an exchange:
+    rank holds every query): unequal B is not checked (a collective per call) and ends in the backend's
+    error or a hang inside the exchange. A group of one rank packs and combines its one partial without an exchange:
     the same rules for empty shards (an LSE of -inf, NaN or +inf, an empty (max, sum), an ``empty`` request
     merge to 0 and LSE -inf), the same bits as any N.
     """
@@ -110,11 +111,14 @@ class DcpExchange:
         """Every check of this rank's arguments, and the buffers' allocation."""
         self.module = generated_module(spec, "dcp", ("alloc", "pack", "combine"), "DcpExchange")
         self.spec = self.module.SPEC
+        ready_made = "layoutgen.dcp.distributed.flashinfer_mnnvl_exchange(workspace, rank, N)"
         check_exchange_fn(
             self.spec.name,
             self.spec.transport is Transport.EXTERNAL,
             exchange_fn,
-            " (for FlashInfer MNNVL: layoutgen.dcp.distributed.flashinfer_mnnvl_exchange)",
+            f" with FlashInfer MNNVL's all-to-all: {ready_made}"
+            if self.spec.name == "flashinfer_mnnvl"
+            else " with your transport's all-to-all (TensorRT-LLM helix's for its native layouts)",
         )
         if lse_base not in _LSE_BASES:
             raise ValueError(f"lse_base must be 'e' or '2', got {lse_base!r}")
@@ -267,7 +271,8 @@ def flashinfer_mnnvl_exchange(
     if not isinstance(workspace, torch.Tensor):
         raise TypeError(f"workspace must be FlashInfer's int64 workspace tensor, got {type(workspace).__name__}")
     _require_sm90(workspace.device)
-    positive_int("world_size", world_size)
+    world_size = positive_int("world_size", world_size)
+    rank = as_int(rank)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
     checked: set[tuple[Any, ...]] = set()

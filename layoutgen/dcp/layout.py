@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from layoutgen.dcp.spec import PAYLOAD_AXES, SCALE_AXES, STATS_AXES, DcpSpec, PayloadDtype
+from layoutgen.runtime.tensors import as_int, type_name
 
 #: Activation dtypes a pack accepts for `out` (docs/design.md §4).
 INPUT_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
@@ -81,7 +82,7 @@ def check_shape(spec: DcpSpec, shape: Shape) -> None:
     """Raise ValueError/TypeError naming the argument when `shape` cannot be laid out by `spec`."""
     for label, value in (("N", shape.N), ("B_max", shape.B_max), ("H", shape.H), ("D", shape.D)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{label} must be an int, got {type(value).__name__}")
+            raise TypeError(f"{label} must be an int, got {type_name(value)}")
         if value < 1:
             raise ValueError(f"{label} must be >= 1, got {value}")
     if shape.H % shape.N:
@@ -146,7 +147,8 @@ class LayoutBuffers:
         dtype: torch.dtype,
         device: torch.device | str | None = None,
     ) -> LayoutBuffers:
-        shape = Shape(N, B_max, H, D, dtype)
+        # NumPy integers as ints (anything else stays for check_shape to refuse).
+        shape = Shape(as_int(N), as_int(B_max), as_int(H), as_int(D), dtype)
         check_shape(spec, shape)
         tensors = {
             name: torch.empty(extents, dtype=buffer_dtype, device=device)
@@ -165,6 +167,7 @@ class LayoutBuffers:
         return self.tensors["payload"].device
 
     def _check_batch(self, B: int) -> None:
+        B = as_int(B)
         if isinstance(B, bool) or not isinstance(B, int) or not 0 <= B <= self.B_max:
             raise ValueError(f"B must be an int in [0, B_max={self.B_max}], got {B!r}")
 

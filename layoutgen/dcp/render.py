@@ -356,4 +356,9 @@ def module_context(spec: DcpSpec) -> dict[str, Any]:
         else "external: the caller moves the bytes (no exchange() here)"
     )
     context["has_exchange"] = spec.transport is Transport.ALL_TO_ALL_SINGLE
+    context["scale_block_desc"] = (
+        f"{spec.payload.scale_block} consecutive elements of a row"
+        if spec.payload.scale_block
+        else "a row's D elements"
+    )
     return context

@@ -37,5 +37,13 @@ def all_to_all_buffers(spec: DcpSpec, send: Any, recv: Any, group: Any = None) -
     send = check_buffers(spec, send, "send_bufs")
     recv = check_buffers(spec, recv, "recv_bufs")
     if send.shape != recv.shape:
-        raise ValueError(f"send_bufs and recv_bufs differ in shape: {send} vs {recv}")
+        differ = [
+            f"{field} {getattr(send.shape, field)} vs {getattr(recv.shape, field)}"
+            for field in ("N", "B_max", "H", "D", "dtype")
+            if getattr(send.shape, field) != getattr(recv.shape, field)
+        ]
+        raise ValueError(
+            "send_bufs and recv_bufs must be allocated alike (the same N, B_max, H, D and dtype); they differ in "
+            + ", ".join(differ)
+        )
     all_to_all_tensors(send.tensors, recv.tensors, group)

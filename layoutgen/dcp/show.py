@@ -169,14 +169,19 @@ def byte_layout(spec: DcpSpec, shape: Mapping[str, int], dtype: str) -> ByteLayo
 
 
 def elements_phrase(spec: DcpSpec, counts: Mapping[str, int], live_batch: int) -> str:
-    """What a diff counted, e.g. "64 payload elements and 4 LSE words of the first B=2 rows"."""
-    payload = counts["payload"] + counts.get("empty", 0)
-    words = f"{counts['max']} max and {counts['sum']} sum words" if spec.max_sum else f"{counts['lse']} LSE words"
+    """What a diff counted, e.g. "64 payload elements and 4 LSE words of the first B=2 rows" (the kinds it
+    compared: two layouts' payloads alone where their stats differ in form)."""
+    parts = []
+    if "payload" in counts or "empty" in counts:
+        parts.append(f"{counts.get('payload', 0) + counts.get('empty', 0)} payload elements")
+    if "max" in counts and "sum" in counts:
+        parts.append(f"{counts['max']} max and {counts['sum']} sum words")
+    elif "lse" in counts:
+        parts.append(f"{counts['lse']} LSE words")
     if "scale" in counts:
-        return (
-            f"{payload} payload elements, {words} and {counts['scale']} block scales of the first B={live_batch} rows"
-        )
-    return f"{payload} payload elements and {words} of the first B={live_batch} rows"
+        parts.append(f"{counts['scale']} block scales")
+    listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    return f"{listed} of the first B={live_batch} rows"
 
 
 def label(run: Run, live_batch: int, empty_rows: int = 0) -> str:

@@ -31,7 +31,7 @@ def combine_traced(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     # Checked while tracing, before the allocation below fails on them in torch's words. scale's value is
     # checked by the op, on the number: under dynamic shapes the tracer holds a symbol, not a float.
-    checks.check_combine_scalars(B, bufs.B_max, lse_base, return_lse)
+    B = checks.check_combine_scalars(B, bufs.B_max, lse_base, return_lse)
     checks.check_scale_type(scale)
     # Allocation stays in the traced graph; the op only writes.
     heads_per_peer = bufs.H // bufs.N

@@ -28,7 +28,7 @@ def check_exchange_fn(spec_name: str, external: bool, exchange_fn: Any, hint: st
     if external and exchange_fn is None:
         raise ValueError(
             f"spec '{spec_name}' has transport external: pass exchange_fn(send_tensors, recv_tensors) "
-            f"that moves its buffers{hint}"
+            f"that moves its buffers{hint} (a group of one needs it too, though nothing moves there)"
         )
 
 

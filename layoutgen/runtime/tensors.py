@@ -9,6 +9,7 @@ plan, whose `may_overlap(call_tensors)` says on each cached call whether to vali
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,10 +62,29 @@ def required_device(device: Any, label: str) -> torch.device:
     return where
 
 
+def as_int(value: Any) -> Any:
+    """`value` as an int where it is an integer of another type (a NumPy integer scalar: an engine's batch
+    arrays hold them), else `value` itself for the caller's check to refuse: a bool (NumPy's has no
+    __index__), a float, or a tensor (reading a GPU tensor's value would wait for the GPU)."""
+    if isinstance(value, (int, torch.Tensor)):  # bool is an int
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def type_name(value: Any) -> str:
+    """`value`'s type as an error message names it: `int` for a builtin, `numpy.bool` for another module's."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def positive_int(label: str, value: Any) -> int:
-    """A size argument: an int >= 1 (not a bool)."""
+    """A size argument: an int >= 1 (not a bool; a NumPy integer is taken as its int)."""
+    value = as_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{label} must be an int, got {type(value).__name__}")
+        raise TypeError(f"{label} must be an int, got {type_name(value)}")
     if value < 1:
         raise ValueError(f"{label} must be >= 1, got {value}")
     return value

@@ -58,17 +58,19 @@ class LayoutDiff:
     runs: tuple[DiffRun, ...]
     #: Logical elements whose bytes are the same buffer and offsets in both layouts.
     same_place: int
+    #: The placed kinds compared (those both layouts hold with the same axes and extents), in A's order.
+    compared: tuple[str, ...]
+    #: The kinds not compared, in words ("" when every kind is): kinds only one layout holds, or holds with
+    #: other axes or extents.
+    not_compared: str = ""
 
     @property
     def identical(self) -> bool:
-        return self.buffers_a == self.buffers_b and all(run.same_place() for run in self.runs)
+        return not self.not_compared and self.buffers_a == self.buffers_b and all(run.same_place() for run in self.runs)
 
     def counts(self) -> dict[str, int]:
-        """Placed kind -> how many of its elements the runs hold."""
-        return {
-            placement.kind: sum(run.count for run in self.runs if run.kind == placement.kind)
-            for placement in self.layout_a.placements
-        }
+        """Compared kind -> how many of its elements the runs hold."""
+        return {kind: sum(run.count for run in self.runs if run.kind == kind) for kind in self.compared}
 
 
 def _element_difference(name_a: str, shapes_a: dict[str, Any], name_b: str, shapes_b: dict[str, Any]) -> str:
@@ -94,16 +96,18 @@ def diff_byte_layouts(layout_a: ByteLayout, layout_b: ByteLayout) -> LayoutDiff:
     layout_b.check()
     shapes_a = {p.kind: (p.axes, tuple(p.view.shape)) for p in layout_a.placements}
     shapes_b = {p.kind: (p.axes, tuple(p.view.shape)) for p in layout_b.placements}
-    if shapes_a != shapes_b:
+    difference = _element_difference(layout_a.name, shapes_a, layout_b.name, shapes_b)
+    compared = [p for p in layout_a.placements if shapes_b.get(p.kind) == shapes_a[p.kind]]
+    if not compared:
         raise ValueError(
-            f"layouts {layout_a.name} and {layout_b.name} do not hold the same logical elements, so they cannot be "
-            f"compared element by element: {_element_difference(layout_a.name, shapes_a, layout_b.name, shapes_b)}. "
-            "Compare two layouts whose buffers hold the same kinds of elements"
+            f"layouts {layout_a.name} and {layout_b.name} hold no logical elements in common, so they cannot be "
+            f"compared element by element: {difference}. Compare two layouts of one family whose buffers hold "
+            "the same kinds of elements"
         )
     places_a, places_b = locate_all(layout_a), locate_all(layout_b)
     runs: list[DiffRun] = []
     same_place = 0
-    for placement in layout_a.placements:
+    for placement in compared:
         a, b = places_a[placement.kind], places_b[placement.kind]
         a_off, b_off = a.offsets.reshape(-1), b.offsets.reshape(-1)
         count = a_off.numel()
@@ -133,7 +137,16 @@ def diff_byte_layouts(layout_a: ByteLayout, layout_b: ByteLayout) -> LayoutDiff:
                     b_length=n * b.elem_bytes,
                 )
             )
-    return LayoutDiff(layout_a, layout_b, buffer_infos(layout_a), buffer_infos(layout_b), tuple(runs), same_place)
+    return LayoutDiff(
+        layout_a,
+        layout_b,
+        buffer_infos(layout_a),
+        buffer_infos(layout_b),
+        tuple(runs),
+        same_place,
+        tuple(p.kind for p in compared),
+        difference,
+    )
 
 
 def run_label(run: DiffRun, layout: ByteLayout) -> str:
@@ -212,7 +225,8 @@ def diff_summary(diff: LayoutDiff, runs: bool = True) -> str:
             f"{diff.same_place} of {sum(counts.values())} logical elements land at the same buffer and byte offsets "
             f"in both. {where}"
         )
-    return f"{diff.layout_a.elements_phrase(counts)} in {len(diff.runs)} runs. {verdict}"
+    not_compared = f" Not compared: {diff.not_compared}." if diff.not_compared else ""
+    return f"{diff.layout_a.elements_phrase(counts)} in {len(diff.runs)} runs. {verdict}{not_compared}"
 
 
 def diff_to_json(diff: LayoutDiff) -> str:
@@ -222,5 +236,6 @@ def diff_to_json(diff: LayoutDiff) -> str:
         "shape": dict(diff.layout_a.shape_json),
         "identical": diff.identical,
         "same_place": diff.same_place,
+        "not_compared": diff.not_compared,
     }
     return one_item_per_line(header, [run.as_dict() for run in diff.runs], "runs")

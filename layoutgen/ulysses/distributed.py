@@ -111,10 +111,11 @@ class UlyssesExchange:
             raise TypeError(f"dtype must be one of {[str(d) for d in DTYPES]}, got {dtype}")
         self.device = required_device(device, "UlyssesExchange")
         self.exchange_fn = exchange_fn
-        positive_int("S_max", S_max)
+        S_max = positive_int("S_max", S_max)
         self.rank, self.world_size = join_group(self.group, self.device, "UlyssesExchange", "sequence-parallel")
-        self.shape = Shape(N=self.world_size, S_local=S_max, H=H, H_kv=H if H_kv is None else H_kv, D=D, dtype=dtype,
-                           B=B)  # fmt: skip
+        self.shape = Shape.of(
+            N=self.world_size, S_local=S_max, H=H, H_kv=H if H_kv is None else H_kv, D=D, dtype=dtype, B=B
+        )
         check_shape(self.spec, self.shape)
         self.S_max = S_max
         self._views: dict[tuple[str, int], tuple[UlyssesBuffers, UlyssesBuffers]] = {}

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from layoutgen.runtime.tensors import positive_int
+from layoutgen.runtime.tensors import as_int, positive_int
 from layoutgen.ulysses.spec import DIRECTIONS, DirectionSpec, HeadCount, TensorSpec, UlyssesSpec
 
 #: Dtypes the kernels move (the wire holds the tensors' own dtype, byte for byte).
@@ -110,6 +111,12 @@ class Shape:
     D: int
     dtype: torch.dtype
     B: int = 1
+
+    @classmethod
+    def of(cls, *, N: Any, S_local: Any, H: Any, H_kv: Any, D: Any, dtype: torch.dtype, B: Any = 1) -> Shape:
+        """A shape from a caller's sizes: NumPy integers as ints (anything else stays for check_shape)."""
+        sizes = {"N": N, "S_local": S_local, "H": H, "H_kv": H_kv, "D": D, "B": B}
+        return cls(dtype=dtype, **{name: as_int(value) for name, value in sizes.items()})
 
     def heads(self, count: HeadCount) -> int:
         return self.H if count is HeadCount.H else self.H_kv

@@ -36,7 +36,7 @@ def allocate(
     B: int = 1,
     H_kv: int,
 ) -> UlyssesBuffers:
-    shape = Shape(N=N, S_local=S_local, H=H, H_kv=H_kv, D=D, dtype=dtype, B=B)
+    shape = Shape.of(N=N, S_local=S_local, H=H, H_kv=H_kv, D=D, dtype=dtype, B=B)
     device = usable_device(device, "alloc" if direction == "to_attention" else "alloc_out")
     return remember_buffers(UlyssesBuffers.allocate(spec, direction, shape, device))
 
