@@ -4,10 +4,12 @@ name the real difference, and the docstrings that say what pack and combine do w
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import generated_module, requires_interpreter
+from test_cli_polish import run_main
 
 from layoutgen.dcp import reference
 from layoutgen.ulysses.layout import Shape as UlyssesShape
@@ -169,3 +171,74 @@ def test_max_sum_packed_into_an_lse_spec_is_a_base_e_lse() -> None:
     assert not torch.equal(
         stored, (maximum.double() + total.double().log2()).float().view(2, N, H // N).transpose(0, 1)
     )
+
+
+@requires_interpreter
+def test_dcp_exchange_under_fullgraph_takes_prepared_batches_and_names_an_unprepared_one(one_rank_group: None) -> None:
+    from layoutgen import DcpExchange
+
+    exchange = DcpExchange("pynccl_a2a", None, B_max=4, H=4, D=16, dtype=torch.bfloat16, device="cpu")
+    exchange.prepare(np.int64(2), 3)
+    compiled = torch.compile(lambda o, l: exchange(o, l, True), fullgraph=True, backend="aot_eager")
+    torch.manual_seed(3)
+    for B in (2, 3):
+        out, lse = torch.randn(B, 4, 16, dtype=torch.bfloat16), torch.randn(B, 4)
+        (got, got_lse), (want, want_lse) = compiled(out, lse), exchange(out, lse, True)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(got_lse, want_lse)
+    with pytest.raises(Exception, match=re.escape("DcpExchange: B=1 has no views yet")) as refused:
+        compiled(torch.randn(1, 4, 16, dtype=torch.bfloat16), torch.randn(1, 4))
+    assert "exchange.prepare(1)" in str(refused.value)
+    exchange.prepare()  # every B up to B_max
+    assert sorted(exchange._views) == [1, 2, 3, 4]
+
+
+@requires_interpreter
+def test_ulysses_exchange_under_fullgraph_takes_prepared_lengths_and_names_an_unprepared_one(
+    one_rank_group: None,
+) -> None:
+    from layoutgen.ulysses.distributed import UlyssesExchange
+
+    exchange = UlyssesExchange("ulysses_qkv_gqa", S_max=4, H=2, H_kv=1, D=8, dtype=torch.float32, device="cpu")
+    exchange.prepare(3)
+    compiled = torch.compile(exchange.to_attention, fullgraph=True, backend="aot_eager")
+    tensors = [torch.randn(3, heads, 8) for heads in (2, 1, 1)]
+    got, want = compiled(*tensors), exchange.to_attention(*tensors)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    with pytest.raises(Exception, match=re.escape("UlyssesExchange: S_local=2 has no views yet")):
+        compiled(*[torch.randn(2, heads, 8) for heads in (2, 1, 1)])
+    exchange.prepare()
+    assert sorted(exchange._views) == [(d, s) for d in ("from_attention", "to_attention") for s in (1, 2, 3, 4)]
+
+
+def test_tune_refuses_dcp_s_batch_alias_for_a_ulysses_spec(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--batch` is DCP's bucket (rows); a Ulysses spec's buckets are S_local: the alias must not pass for it."""
+    common = ["--interpret", "--db", str(tmp_path), "--dry-run"]
+    code, _, err = run_main(["tune", "--spec", "ulysses_qkv_gqa", "--batch", "4", *common], capsys, monkeypatch)
+    flat = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err, err
+    assert "--batch is the dcp family's name for its size buckets" in flat and "write --bucket V" in flat, flat
+    code, out, err = run_main(["tune", "--spec", "ulysses_qkv_gqa", "--seq", "4", *common], capsys, monkeypatch)
+    assert code == 0 and "S_local=4" in out, err
+    code, out, err = run_main(["tune", "--spec", "pynccl_a2a", "--batch", "4", *common], capsys, monkeypatch)
+    assert code == 0 and "B=4" in out, err
+
+
+@requires_interpreter
+def test_ulysses_exchange_refusals_name_the_call_made_and_the_sizes_it_was_built_for(one_rank_group: None) -> None:
+    from layoutgen.ulysses.distributed import UlyssesExchange
+
+    exchange = UlyssesExchange("ulysses_qkv_gqa", S_max=4, H=2, H_kv=1, D=8, dtype=torch.float32, device="cpu")
+    shards = [torch.randn(3, heads, 8, dtype=torch.bfloat16) for heads in (2, 1, 1)]
+    with pytest.raises(TypeError) as refused:
+        exchange.to_attention(*shards)
+    message = str(refused.value)
+    assert message.startswith("to_attention: q must be torch.float32"), message
+    assert "scatter" not in message and "built for dtype torch.float32, B=1, H=2, H_kv=1, D=8" in message
+    with pytest.raises(ValueError, match=r"^from_attention: .*H=2, H_kv=1, D=8: build another for other sizes$"):
+        exchange.from_attention(torch.randn(3, 1, 8))  # one head where this rank's block holds 2
+    with pytest.raises(ValueError, match=r"^to_attention: q has no rows; a shard needs at least one"):
+        exchange.to_attention(*[torch.randn(0, heads, 8) for heads in (2, 1, 1)])
+    with pytest.raises(ValueError, match=r"^from_attention: out has no rows"):
+        exchange.from_attention(torch.randn(0, 2, 8))

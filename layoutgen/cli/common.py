@@ -191,6 +191,8 @@ class FamilyAliases:
     ignored: list[str] = field(default_factory=list)
     #: "family 'x' did not load: why" of every family that did not load (its aliases are unknown).
     unloaded: list[str] = field(default_factory=list)
+    #: The usable aliases this command line used.
+    used: set[str] = field(default_factory=set)
 
     def help_text(self, buckets: bool = False) -> str:
         """The aliases of `--shape` (or of `--bucket`) as the help lists them."""
@@ -298,6 +300,25 @@ def family_aliases(command: str, own_options: frozenset[str] = frozenset()) -> F
     return found
 
 
+def check_bucket_aliases(command: str, families: Iterable[str]) -> None:
+    """Refuse a family's bucket alias (DCP's `--batch`) on a command line that also tunes another family's
+    specs, whose buckets count another size: `--bucket` means each family's own."""
+    found = _found.get(command)
+    if found is None:
+        return
+    for alias in sorted(found.used):
+        if found.usable[alias] != "--bucket":
+            continue
+        owners = found.declared[alias]["--bucket"]
+        others = sorted(set(families) - set(owners))
+        if others:
+            raise bad_input(
+                f"{alias} is the {'/'.join(owners)} family's name for its size buckets, and some specs given are of "
+                f"the {'/'.join(others)} family, whose buckets count another size: write --bucket V (each family's "
+                "own size), or tune the families apart"
+            )
+
+
 def command_options(command: str) -> frozenset[str]:
     """Every option `layoutgen COMMAND` declares, read from the app of `layoutgen.cli` (looked up, not imported:
     the app imports this module); empty where that app is not loaded."""
@@ -366,6 +387,7 @@ def expand_arguments(args: list[str]) -> list[str]:
                 + "; ".join(found.unloaded)
             )
         if option in aliases:
+            found.used.add(option)
             values = [inline] if equals else []
             index += 1
             # A negative number is a value (refused by parse_shape as one), not an option click cannot find.

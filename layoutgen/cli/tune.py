@@ -16,6 +16,7 @@ from layoutgen.cli.common import (
     FamilyAliasHelp,
     alias_help,
     bad_input,
+    check_bucket_aliases,
     check_writable_dir,
     console,
     parse_shape,
@@ -256,11 +257,12 @@ def tune(
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         # Every spec loads, no two share a name, each named spec has a kernel asked for, every axis exists.
-        plan.make_targets(options)
+        targets = plan.make_targets(options)
     except SpecError:
         raise
     except ValueError as error:
         raise bad_input(str(error)) from None
+    check_bucket_aliases("tune", {target.problem.family.name for target in targets})
     if dry_run:
         _print_plan(options)
         return

@@ -147,6 +147,14 @@ class DcpExchange:
         if N > 1:
             self.recv = self.module.alloc(N, self.B_max, self.H, self.D, self.dtype, self.device)
 
+    def prepare(self, *batches: int) -> None:
+        """Lay out the views of these batch sizes now (every B from 1 to B_max when none is named).
+
+        Under ``torch.compile(fullgraph=True)`` a call may only carry a B prepared here or called eagerly
+        before: building a new B's views cannot be traced (without ``fullgraph`` that call runs eagerly)."""
+        for B in batches or range(1, self.B_max + 1):
+            self.batch_buffers(as_int(B))
+
     def batch_buffers(self, B: int) -> tuple[LayoutBuffers, LayoutBuffers]:
         """(send, recv) for a B-row call: the spec's dense layout at B_max=B over the static buffers'
         first bytes (no allocation; the same objects every call with this B)."""
@@ -155,6 +163,11 @@ class DcpExchange:
             return views
         if isinstance(B, bool) or not isinstance(B, int) or not 1 <= B <= self.B_max:
             raise ValueError(f"B must be an int in [1, B_max={self.B_max}], got {B!r}")
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                f"DcpExchange: B={B} has no views yet, and torch.compile cannot trace building them: call "
+                f"exchange.prepare({B}) (prepare() lays out every B), or the exchange once eagerly at B={B}, first"
+            )
         shapes = LayoutBuffers.allocate(self.spec, self.world_size, B, self.H, self.D, self.dtype, "meta").tensors
         shape = Shape(self.world_size, B, self.H, self.D, self.dtype)
 

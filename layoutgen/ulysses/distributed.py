@@ -21,7 +21,7 @@ import torch
 
 from layoutgen.runtime.exchange import ExchangeFn, all_to_all_tensors, check_exchange_fn
 from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
-from layoutgen.runtime.tensors import describe, positive_int, required_device
+from layoutgen.runtime.tensors import as_int, describe, positive_int, required_device
 from layoutgen.ulysses.dispatch import remember_buffers
 from layoutgen.ulysses.layout import DTYPES, Shape, UlyssesBuffers, check_shape
 from layoutgen.ulysses.spec import HeadCount, Transport, UlyssesSpec
@@ -124,6 +124,17 @@ class UlyssesExchange:
             for direction in ("to_attention", "from_attention")
         }
 
+    def prepare(self, *S_locals: int) -> None:
+        """Lay out both directions' views of these shard lengths now (every S_local from 1 to S_max when none
+        is named).
+
+        Under ``torch.compile(fullgraph=True)`` a call may only carry an S_local prepared here or called
+        eagerly before: building a new S_local's views cannot be traced (without ``fullgraph`` that call runs
+        eagerly)."""
+        for S_local in S_locals or range(1, self.S_max + 1):
+            for direction in ("to_attention", "from_attention"):
+                self.buffers(direction, as_int(S_local))
+
     def buffers(self, direction: str, S_local: int) -> tuple[UlyssesBuffers, UlyssesBuffers]:
         """(send, recv) of `direction` for an S_local-row call: the spec's dense layout at S_local over the
         static buffers' first bytes (no allocation; the same objects every call with this S_local)."""
@@ -132,6 +143,12 @@ class UlyssesExchange:
             return views
         if isinstance(S_local, bool) or not isinstance(S_local, int) or not 1 <= S_local <= self.S_max:
             raise ValueError(f"S_local must be an int in [1, S_max={self.S_max}], got {S_local!r}")
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                f"UlyssesExchange: S_local={S_local} has no views yet, and torch.compile cannot trace building them: "
+                f"call exchange.prepare({S_local}) (prepare() lays out every S_local), or the exchange once eagerly "
+                f"at S_local={S_local}, first"
+            )
         shape = dataclasses.replace(self.shape, S_local=S_local)
         layout = UlyssesBuffers.allocate(self.spec, direction, shape, "meta").tensors
 
@@ -172,13 +189,17 @@ class UlyssesExchange:
         head block over the whole sequence (a tensor, or a tuple of them in the spec's order)."""
         names = [t.name for t in self.spec.to_attention.tensors]
         S_local = self._seq_extent(tensors, self.spec.local, "to_attention", names)
-        if not 1 <= S_local <= self.S_max:
+        if S_local < 1:
+            raise ValueError(
+                f"to_attention: {names[0]} has no rows; a shard needs at least one; got {describe(tensors[0])}"
+            )
+        if S_local > self.S_max:
             raise ValueError(
                 f"to_attention: {names[0]} has S_local={S_local} rows; this UlyssesExchange takes 1 to "
                 f"S_max={self.S_max} rows per shard (build one with a larger S_max); got {describe(tensors[0])}"
             )
         send, _ = self.buffers("to_attention", S_local)
-        self.module.scatter(*tensors, send)
+        self._scatter("to_attention", self.module.scatter, tensors, send)
         return self.module.gather(self._move("to_attention", S_local), out=out)
 
     def from_attention(self, *tensors: torch.Tensor, out: Any = None) -> Any:
@@ -192,15 +213,35 @@ class UlyssesExchange:
                 f"got {describe(tensors[0])}"
             )
         S_local = S // self.world_size
-        if not 1 <= S_local <= self.S_max:
+        if S_local < 1:
+            raise ValueError(
+                f"from_attention: {names[0]} has no rows; each rank's shard needs at least one; got {describe(tensors[0])}"
+            )
+        if S_local > self.S_max:
             raise ValueError(
                 f"from_attention: {names[0]} has {S} rows, S_local={S_local} per rank; this UlyssesExchange takes 1 "
                 f"to S_max={self.S_max} rows per shard, so 1 to {self.S_max * self.world_size} rows here (build one "
                 f"with a larger S_max); got {describe(tensors[0])}"
             )
         send, _ = self.buffers("from_attention", S_local)
-        self.module.scatter_out(*tensors, send)
+        self._scatter("from_attention", self.module.scatter_out, tensors, send)
         return self.module.gather_out(self._move("from_attention", S_local), out=out)
+
+    def _scatter(self, what: str, scatter: Any, tensors: tuple[Any, ...], send: UlyssesBuffers) -> None:
+        """The module's scatter, whose refusal is reworded for this call: it names `what` (not the scatter the
+        user did not call) and the sizes this exchange was built for."""
+        if torch.compiler.is_compiling():
+            scatter(*tensors, send)
+            return
+        try:
+            scatter(*tensors, send)
+        except (TypeError, ValueError) as error:
+            shape = self.shape
+            reason = str(error).removeprefix(f"{scatter.__name__}: ")
+            raise type(error)(
+                f"{what}: {reason}. This UlyssesExchange was built for dtype {shape.dtype}, B={shape.B}, H={shape.H}, "
+                f"H_kv={shape.H_kv}, D={shape.D}: build another for other sizes"
+            ) from None
 
     def __repr__(self) -> str:
         shape = self.shape
