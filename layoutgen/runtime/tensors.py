@@ -55,10 +55,13 @@ def usable_device(device: Any, label: str) -> torch.device | None:
 
 
 def required_device(device: Any, label: str) -> torch.device:
-    """`usable_device` where a device must be named."""
+    """`usable_device` where a device must be named; 'cuda' as the current CUDA device, with its index (what
+    the tensors allocated there report, and the call's tensors are compared with)."""
     where = usable_device(device, label)
     if where is None:
         raise TypeError(f"{label} needs a device (e.g. 'cuda' or 'cpu'), got None")
+    if where.type == "cuda" and where.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
     return where
 
 
