@@ -143,7 +143,7 @@ def check_shape(spec: UlyssesSpec, shape: Shape) -> None:
     """Raise ValueError/TypeError naming the argument when `shape` cannot be laid out by `spec`."""
     for label in ("N", "S_local", "H", "H_kv", "D", "B"):
         positive_int(label, getattr(shape, label))
-    for count in HeadCount:
+    for count in (HeadCount.H, HeadCount.H_KV):  # not `in HeadCount`: torch 2.11's dynamo cannot iterate an enum
         if spec.uses(count) and shape.heads(count) % shape.N:
             raise ValueError(
                 f"{count.value} (heads) must be divisible by N (ranks): {count.value}={shape.heads(count)}, "
