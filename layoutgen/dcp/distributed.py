@@ -26,7 +26,7 @@ from layoutgen.dcp.exchange_inputs import check_call_inputs
 from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
 from layoutgen.dcp.plans import remember_buffers
 from layoutgen.dcp.spec import Transport
-from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn
+from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn, refuse_unprepared_size
 from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
 from layoutgen.runtime.tensors import as_int, describe, overlap, positive_int, required_device
 
@@ -163,11 +163,7 @@ class DcpExchange:
             return views
         if isinstance(B, bool) or not isinstance(B, int) or not 1 <= B <= self.B_max:
             raise ValueError(f"B must be an int in [1, B_max={self.B_max}], got {B!r}")
-        if torch.compiler.is_compiling():
-            raise RuntimeError(
-                f"DcpExchange: B={B} has no views yet, and torch.compile cannot trace building them: call "
-                f"exchange.prepare({B}) (prepare() lays out every B), or the exchange once eagerly at B={B}, first"
-            )
+        refuse_unprepared_size("DcpExchange", "B", B)
         shapes = LayoutBuffers.allocate(self.spec, self.world_size, B, self.H, self.D, self.dtype, "meta").tensors
         shape = Shape(self.world_size, B, self.H, self.D, self.dtype)
 

@@ -32,6 +32,17 @@ def check_exchange_fn(spec_name: str, external: bool, exchange_fn: Any, hint: st
         )
 
 
+def refuse_unprepared_size(owner: str, size: str, value: int) -> None:
+    """A distributed helper's call, under torch.compile, of a size (`B`, `S_local`) whose views it has not built:
+    building them registers buffers objects in a weak map, which dynamo cannot trace.  Eager calls build them."""
+    if torch.compiler.is_compiling():
+        raise RuntimeError(
+            f"{owner}: {size}={value} has no views yet, and torch.compile cannot trace building them: call "
+            f"exchange.prepare({value}) (prepare() lays out every {size}), or the exchange once eagerly at "
+            f"{size}={value}, first"
+        )
+
+
 def all_to_all_tensors(send: Mapping[str, torch.Tensor], recv: Mapping[str, torch.Tensor], group: Any = None) -> None:
     """One `all_to_all_single` per buffer name; every tensor's outermost extent must be the group's size."""
     import torch.distributed as dist

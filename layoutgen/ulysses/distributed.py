@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from layoutgen.runtime.exchange import ExchangeFn, all_to_all_tensors, check_exchange_fn
+from layoutgen.runtime.exchange import ExchangeFn, all_to_all_tensors, check_exchange_fn, refuse_unprepared_size
 from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
 from layoutgen.runtime.tensors import as_int, describe, positive_int, required_device
 from layoutgen.ulysses.dispatch import remember_buffers
@@ -143,12 +143,7 @@ class UlyssesExchange:
             return views
         if isinstance(S_local, bool) or not isinstance(S_local, int) or not 1 <= S_local <= self.S_max:
             raise ValueError(f"S_local must be an int in [1, S_max={self.S_max}], got {S_local!r}")
-        if torch.compiler.is_compiling():
-            raise RuntimeError(
-                f"UlyssesExchange: S_local={S_local} has no views yet, and torch.compile cannot trace building them: "
-                f"call exchange.prepare({S_local}) (prepare() lays out every S_local), or the exchange once eagerly "
-                f"at S_local={S_local}, first"
-            )
+        refuse_unprepared_size("UlyssesExchange", "S_local", S_local)
         shape = dataclasses.replace(self.shape, S_local=S_local)
         layout = UlyssesBuffers.allocate(self.spec, direction, shape, "meta").tensors
 
