@@ -188,11 +188,9 @@ class Family(ABC):
 
     @property
     def spec_dir(self) -> Path:
-        """The family's example specs (`<name>.yaml`).  A built-in family's (`BUILTIN_FAMILIES`) are layoutgen's
-        bundled specs: `layoutgen build` without --spec renders them into layoutgen's generated/, `build --check`
-        and `db check` cover them, and they load by name.  An out-of-tree family's never join that set (nor
-        layoutgen's generated/): build them into a directory of your own with `layoutgen build --spec
-        FILE.yaml --out DIR` and use them by path (`layoutgen.load("DIR/<name>.py")`, `tune --spec FILE`)."""
+        """The family's example specs (`<name>.yaml`).  A built-in family's are layoutgen's bundled specs (built
+        into generated/ by `layoutgen build`, checked by `build --check` and `db check`, loaded by name).  An
+        out-of-tree family's are not: `layoutgen build --spec FILE.yaml --out DIR`, then use them by path."""
         return self.package_dir / "specs"
 
     #: Where the schema of this family's specs is written down, for spec errors to point at (a file of the
@@ -258,8 +256,8 @@ class Family(ABC):
         bucket (`layoutgen.tuning.objective.Workload`)."""
 
     def grid_points(self, given: Mapping[str, list[int]], interpret: bool) -> list[dict[str, int]]:
-        """The grid points to tune: the product over `grid_axes` of the given values, each axis that was not
-        given taking its defaults (or, under the interpreter, its tiny values)."""
+        """The grid points to tune: the product over `grid_axes` of the given values (axes not given: defaults,
+        or under the interpreter their tiny values)."""
         points: list[dict[str, int]] = [{}]
         for axis in self.grid_axes:
             values = given.get(axis.name) or (axis.interpret if interpret else axis.defaults)
@@ -284,10 +282,9 @@ class Family(ABC):
         `kernel_proxy` as the kernel: the tuner's compile pool compiles without launching."""
 
     def offline_jobs(self, spec: Any) -> list[tuple[str, dict[str, Any]]]:
-        """(offset width, compile job) pairs that `layoutgen build` compiles for sm_90 without a GPU
-        (`layoutgen.tuning.offline`): every kernel at a small shape and at one past 2**31 elements, as jobs
-        `compile_variant` reads.  The interpreter runs a kernel's Python and never sees what only Triton's
-        compiler refuses; a family that declares none (the default) is compiled only where it runs."""
+        """(offset width, compile job) pairs `layoutgen build` compiles for sm_90 without a GPU (`tuning.offline`):
+        every kernel at a small shape and at one past 2**31 elements.  The interpreter never sees what only
+        Triton's compiler refuses; a family that declares none (the default) is compiled only where it runs."""
         return []
 
     # -- show / diff ---------------------------------------------------------------------------------------
@@ -299,6 +296,10 @@ class Family(ABC):
     show_shape: ClassVar[Mapping[str, int]]
     #: CLI aliases of the drawing shape's extents: `show --<alias> V` is read as `--shape <extent>=V`.
     show_aliases: ClassVar[Mapping[str, str]] = {}
+
+    def unused_show_extents(self, spec: Any) -> Mapping[str, str]:
+        """Drawing extents `spec` has no use for, each with why: `show`/`diff` refuse them when given."""
+        return {}
 
     def describe(self) -> dict[str, Any]:
         """What `layoutgen families` prints."""

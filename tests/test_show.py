@@ -444,3 +444,13 @@ def test_docs_pictures_exist_and_are_small() -> None:
         picture = ROOT / "docs" / f"{name}.png"
         assert picture.is_file(), f"{picture} missing; see README (layoutgen show {name} --png {picture})"
         assert 10_000 < picture.stat().st_size < 300_000
+
+
+def test_cli_refuses_h_kv_for_specs_without_gqa_tensors(run_cli) -> None:
+    """Given to a spec that has no H_kv-headed tensors, H_kv would be ignored: show and diff refuse it."""
+    code, _, err = run_cli("show", "yunchang_ulysses", "--heads-kv", "8")
+    assert code == 2 and "--shape H_kv: spec 'yunchang_ulysses' has no H_kv-headed tensors; leave H_kv out" in err
+    code, _, err = run_cli("diff", "yunchang_ulysses", "deepspeed_ulysses", "--shape", "H_kv=8")
+    assert code == 2 and "spec 'deepspeed_ulysses' has no H_kv-headed tensors" in err
+    code, out, _ = run_cli("show", "ulysses_qkv_gqa", "--heads-kv", "4", "--heads", "8")
+    assert code == 0 and "H_kv=4 (2 per peer)" in out

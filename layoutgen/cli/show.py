@@ -45,14 +45,20 @@ DtypeOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for tools instead of the drawing.")]
 
 
-def _shape_of(spec: Any, shape: list[str] | None, dtype: str | None) -> tuple[dict[str, int], str]:
+def _shape_of(specs: list[Any], shape: list[str] | None, dtype: str | None) -> tuple[dict[str, int], str]:
+    """The drawing's extents and dtype for `specs` (one family's)."""
     from layoutgen.family import get_family
 
-    family = get_family(spec.family)
+    family = get_family(specs[0].family)
     # An extent whose drawing default is 0 (DCP's empty rows) may be given as 0.
     zero_by_default = [name for name, value in family.show_shape.items() if value == 0]
     given = parse_shape(shape or [], may_be_zero=zero_by_default)
     values = single_values(given, dict(family.show_shape), f"the {family.name} family's drawing")
+    # An extent no drawn spec uses would be ignored without a word (H_kv of a Ulysses spec without GQA).
+    unused = [family.unused_show_extents(each) for each in specs]
+    for name in given:
+        if all(name in reasons for reasons in unused):
+            raise bad_input(f"--shape {name}: {'; '.join(reasons[name] for reasons in unused)}; leave {name} out")
     chosen = dtype or family.default_dtypes[0]
     if chosen not in family.dtypes:
         raise bad_input(f"--dtype {chosen}: the {family.name} family takes {', '.join(family.dtypes)}")
@@ -75,7 +81,7 @@ def show(
     from layoutgen import show as show_module
 
     layout = resolve_spec(spec)
-    values, chosen = _shape_of(layout, shape, dtype)
+    values, chosen = _shape_of([layout], shape, dtype)
     target = _png_target(png) if png is not None else None
     if target is not None:
         try:
@@ -126,7 +132,7 @@ def diff(
             f"{spec_a} is a {layout_a.family} spec and {spec_b} a {layout_b.family} spec: only layouts of one "
             "family hold the same logical elements"
         )
-    values, chosen = _shape_of(layout_a, shape, dtype)
+    values, chosen = _shape_of([layout_a, layout_b], shape, dtype)
     try:
         result = show_module.diff_layouts(layout_a, layout_b, values, chosen)
     except (ValueError, TypeError) as error:

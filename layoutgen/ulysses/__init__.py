@@ -279,6 +279,11 @@ class UlyssesFamily(Family):
                 jobs.append((width, {"kernel": decl.name, "config": config, **values, "dtype": "bfloat16"}))
         return jobs
 
+    def unused_show_extents(self, spec: Any) -> Mapping[str, str]:
+        from layoutgen.ulysses.spec import HeadCount
+
+        return {} if spec.uses(HeadCount.H_KV) else {"H_kv": f"spec '{spec.name}' has no H_kv-headed tensors"}
+
     def byte_layout(self, spec: Any, shape: Mapping[str, int], dtype: str) -> Any:
         from layoutgen.ulysses.show import byte_layout
 
