@@ -20,7 +20,9 @@ inputs rotate over sets by the tuner's rule (`layoutgen.tuning.timing.rotating_s
 until they span 2x the L2, at most 8).  From about B = 256 at H = 128 every call
 reads DRAM; below, the 8 sets fit in the L2 and the figure is close to the
 L2-resident one that `--warm` adds per small point (a single input set: the
-case where attention has just written `out`).
+case where attention has just written `out`).  Ours and sglang's kernels are also
+timed in turn (ours, sglang, ours again, replayed alternately), rotated and, with
+`--warm`, L2-resident: the head-to-head beside the spread of ours timed twice.
 
 Usage (GPU): python benchmarks/bench_dcp.py --out benchmarks/results [--db tuning_db]
 """
@@ -205,6 +207,12 @@ def measure_point(
         row[f"{label}_us"] = timing.median_us
         row[f"{label}_tbps"] = nbytes / (timing.median_us * 1e-6) / 1e12
 
+    def time_in_turn(label: str, ours: Any, theirs: Any, estimate: float, input_sets: int) -> None:
+        """Ours, sglang's and ours again replayed in turn (one clock and thermal state): the head-to-head
+        ratio beside the spread of our kernel timed twice, which a ratio must exceed to mean anything."""
+        timings = timer.time_interleaved([ours, theirs, ours], input_sets, estimated_us=estimate)
+        row[f"{label}_us"] = [timing.median_us for timing in timings]
+
     variants = {
         "tuned": pick_tuned(entries, spec.name, "pack", N, H, D, B),
         "default": default_pack_config(spec, N, Hl, D, B, elem).as_dict(),
@@ -227,6 +235,12 @@ def measure_point(
 
         check_pack("sglang", run_sglang_pack)
         time_it("pack_sglang", run_sglang_pack, estimate_pack, pack_bytes)
+        ours_pack = PackConfig.from_dict(variants["tuned"] or variants["default"])
+
+        def run_ours_pack(i: int) -> None:
+            module.pack(outs[i], lses[i], sends[i], config=ours_pack)
+
+        time_in_turn("pack_turn", run_ours_pack, run_sglang_pack, estimate_pack, sets)
     if spec.name == "flashinfer_mnnvl":
         # The pre-#34651 fi_a2a send side: two materialising constructions and a zero fill.
         def run_copy_pack(i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,6 +295,12 @@ def measure_point(
 
         check_combine("sglang", sglang.dcp_lse_combine_triton(sends[0].payload_view(B), sends[0].lse_view(B))[0])
         time_it("combine_sglang", run_sglang_combine, estimate_combine, combine_bytes)
+        ours_combine = CombineConfig.from_dict(combine_variants["tuned"] or combine_variants["default"])
+
+        def run_ours_combine(i: int) -> None:
+            module.combine(sends[i], B, out=merged_out, config=ours_combine)
+
+        time_in_turn("combine_turn", run_ours_combine, run_sglang_combine, estimate_combine, sets)
     if spec.name == "flashinfer_mnnvl" and sglang is not None:
         # The pre-#34651 fi_a2a receive side: two contiguous() copies, then the combine.
         def run_copy_combine(i: int) -> None:
@@ -312,6 +332,8 @@ def measure_point(
                 1,
                 estimated_us=estimate_combine,
             ).median_us
+            time_in_turn("pack_warm_turn", run_ours_pack, run_sglang_pack, estimate_pack, 1)
+            time_in_turn("combine_warm_turn", run_ours_combine, run_sglang_combine, estimate_combine, 1)
     return row
 
 
@@ -344,6 +366,22 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def in_turn(row: dict[str, Any], label: str) -> tuple[float, float, float, float] | None:
+    """A head-to-head timed in turn: (ours µs, the mean of its two timings; sglang µs; sglang over ours; ours
+    timed twice, the later over the earlier), or None where it was not timed."""
+    times = row.get(f"{label}_us")
+    if not times:
+        return None
+    first, theirs, again = times
+    ours = (first + again) / 2
+    return ours, theirs, theirs / ours, again / first
+
+
+def slower_beyond_spread(turns: list[tuple[float, float, float, float]]) -> int:
+    """Points where sglang is faster by more than our own kernel differed from itself timed twice."""
+    return sum(1 for _, _, speedup, twice in turns if speedup < 1.0 - abs(twice - 1.0))
+
+
 def summarize(rows: list[dict[str, Any]], ceiling: float) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for spec in SPECS:
@@ -370,6 +408,8 @@ def summarize(rows: list[dict[str, Any]], ceiling: float) -> dict[str, Any]:
             ]
             small = [r.get(f"{kernel}_tuned_us", r[f"{kernel}_default_us"]) for r in main if r["B"] <= 8]
             floored = [r for r in main if f"{kernel}_floor_us" in r and f"{kernel}_sglang_us" in r]
+            turns = [t for r in mine if (t := in_turn(r, f"{kernel}_turn"))]
+            warm_turns = [t for r in mine if (t := in_turn(r, f"{kernel}_warm_turn"))]
             summary[f"{spec}/{kernel}"] = {
                 "ours": ours_key,
                 "geomean_speedup_vs_sglang_main_grid": geomean(ratios_main),
@@ -385,6 +425,12 @@ def summarize(rows: list[dict[str, Any]], ceiling: float) -> dict[str, Any]:
                 "geomean_sglang_over_floor_main_grid": geomean(
                     [r[f"{kernel}_sglang_us"] / r[f"{kernel}_floor_us"] for r in floored]
                 ),
+                # The same comparison timed in turn (ours, sglang, ours again), rotated and L2-resident.
+                "min_in_turn_speedup_vs_sglang": min((t[2] for t in turns), default=None),
+                "min_warm_in_turn_speedup_vs_sglang": min((t[2] for t in warm_turns), default=None),
+                "max_ours_twice_spread": max((abs(t[3] - 1.0) for t in turns + warm_turns), default=None),
+                "in_turn_points_slower_beyond_spread": slower_beyond_spread(turns + warm_turns),
+                "in_turn_points": len(turns) + len(warm_turns),
             }
     return summary
 
@@ -425,6 +471,7 @@ def markdown(result: dict[str, Any]) -> str:
         "sglang / floor: the speed-up over sglang of a kernel that only moved the bytes. A reference, not a "
         "proven bound (another tiling can beat it).",
     ]
+    lines += in_turn_markdown(rows)
     for kernel in ("pack", "combine"):
         lines += [
             "",
@@ -449,6 +496,44 @@ def markdown(result: dict[str, Any]) -> str:
                 + (f"{warm:.2f} / {warm_sg:.2f} |" if warm and warm_sg else "– |")
             )
     return "\n".join(lines) + "\n"
+
+
+def in_turn_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The head-to-head against sglang timed in turn, per kernel: rotated and (with --warm) L2-resident."""
+    if not any(in_turn(r, "pack_turn") or in_turn(r, "combine_turn") for r in rows):
+        return []
+    lines = [
+        "",
+        "## Against sglang, timed in turn",
+        "",
+        "Ours (tuned, else default), sglang's kernel and ours again, replayed in turn on one clock and thermal "
+        "state (METHOD: time the same version twice; a difference smaller than that spread is noise). Ours µs "
+        "is the mean of its two timings; ours twice = the later over the earlier.",
+    ]
+
+    def cells(turn: tuple[float, float, float, float] | None) -> str:
+        if turn is None:
+            return "– | – | – | – |"
+        ours, theirs, speedup, twice = turn
+        return f"{ours:.2f} | {theirs:.2f} | {speedup:.2f}x | {twice:.3f} |"
+
+    for kernel in ("pack", "combine"):
+        lines += [
+            "",
+            f"### {kernel}",
+            "",
+            "| spec | N | B | H | D | ours µs | sglang µs | speed-up | ours twice | L2-resident ours µs | sglang µs | speed-up | ours twice |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            turn = in_turn(r, f"{kernel}_turn")
+            if turn is None:
+                continue
+            lines.append(
+                f"| {r['spec']} | {r['N']} | {r['B']} | {r['H']} | {r['D']} | {cells(turn)} "
+                f"{cells(in_turn(r, f'{kernel}_warm_turn'))}"
+            )
+    return lines
 
 
 def clock_line(rows: list[dict[str, Any]]) -> str:

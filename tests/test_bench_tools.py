@@ -163,3 +163,23 @@ def test_the_probe_specs_are_valid_and_their_kernels_exact(path: Path, tmp_path:
     assert spec.name == path.stem
     report = verify_module(render_module(spec, tmp_path))
     assert report.ok, report.failures
+
+
+@requires_interpreter
+def test_the_head_to_head_timed_in_turn_counts_only_gaps_beyond_our_own_spread() -> None:
+    import bench_dcp
+
+    row = {"spec": "vllm_a2a", "N": 8, "B": 64, "H": 128, "D": 512}
+    # Ours 4.00 then 4.04 (1% apart), sglang 3.98: 0.5% faster than our mean, inside our spread.
+    noise = {**row, "combine_turn_us": [4.00, 3.98, 4.04], "combine_warm_turn_us": [2.70, 2.90, 2.70]}
+    ours, theirs, speedup, twice = bench_dcp.in_turn(noise, "combine_turn")
+    assert (ours, theirs) == (4.02, 3.98) and twice == pytest.approx(1.01) and speedup < 1.0
+    assert bench_dcp.slower_beyond_spread([bench_dcp.in_turn(noise, "combine_turn")]) == 0
+    # sglang 5% faster while ours repeats itself within 0.5%: a real gap.
+    gap = {**row, "combine_turn_us": [4.20, 4.00, 4.22]}
+    assert bench_dcp.slower_beyond_spread([bench_dcp.in_turn(gap, "combine_turn")]) == 1
+    assert bench_dcp.in_turn(row, "pack_turn") is None
+    table = "\n".join(bench_dcp.in_turn_markdown([noise, gap]))
+    assert "| vllm_a2a | 8 | 64 | 128 | 512 | 4.02 | 3.98 | 0.99x | 1.010 | 2.70 | 2.90 | 1.07x | 1.000 |" in table
+    assert "| 4.21 | 4.00 | 0.95x | 1.005 | – | – | – | – |" in table
+    assert bench_dcp.in_turn_markdown([row]) == []
