@@ -205,6 +205,9 @@
 #                                               flags, one box at 1-8 warps, rotated and back to back, B 1 and 8
 #   bash benchmarks/gpu_session.sh turns OUT  (thirty-second pass) bench_dcp_v2.py with the masked pack timed in turn
 #                                               beside the unmasked one, which is timed twice (this run's noise), twice
+#   bash benchmarks/gpu_session.sh headtohead OUT (thirty-third pass) bench_dcp_v2.py's whole grid (the masked pack in
+#                                               turn), then bench_dcp.py --quick --warm with ours and sglang's kernels
+#                                               timed in turn (OUT/v2, OUT/dcp: the committed results' runs)
 #   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
 #                                               tuning_db/ first where the tree is carried afresh)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
@@ -437,6 +440,12 @@ hostv2)
 turns)
     timeout 250 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | grep -A2 "^Worst"
     timeout 200 python3 benchmarks/bench_dcp_v2.py --quick --no-fp8 --out "$out/again" 2>&1 | grep -A2 "^Worst"
+    ;;
+headtohead)
+    mkdir -p "$out/v2" "$out/dcp"
+    timeout 240 python3 benchmarks/bench_dcp_v2.py --out "$out/v2" 2>&1 | grep -A2 "^Worst"
+    timeout 290 python3 benchmarks/bench_dcp.py --quick --warm --out "$out/dcp" 2>&1 \
+        | grep -E "^ \"[a-z_]+/(pack|combine)\"|slower_beyond|min_in_turn|min_warm_in"
     ;;
 checkup)
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
