@@ -297,8 +297,8 @@ class Family(ABC):
     #: CLI aliases of the drawing shape's extents: `show --<alias> V` is read as `--shape <extent>=V`.
     show_aliases: ClassVar[Mapping[str, str]] = {}
 
-    def unused_show_extents(self, spec: Any) -> Mapping[str, str]:
-        """Drawing extents `spec` has no use for, each with why: `show`/`diff` refuse them when given."""
+    def unused_extents(self, spec: Any) -> Mapping[str, str]:
+        """Drawing or grid extents `spec` has no use for, with why: refused when given for no spec that uses them."""
         return {}
 
     def describe(self) -> dict[str, Any]:

@@ -454,3 +454,11 @@ def test_cli_refuses_h_kv_for_specs_without_gqa_tensors(run_cli) -> None:
     assert code == 2 and "spec 'deepspeed_ulysses' has no H_kv-headed tensors" in err
     code, out, _ = run_cli("show", "ulysses_qkv_gqa", "--heads-kv", "4", "--heads", "8")
     assert code == 0 and "H_kv=4 (2 per peer)" in out
+
+
+def test_tune_refuses_h_kv_when_no_spec_of_the_run_has_gqa_tensors(run_cli) -> None:
+    grid = ["--kernel", "scatter", "--shape", "N=2", "--shape", "H=32", "--bucket", "64", "--dry-run"]
+    code, _, err = run_cli("tune", "--spec", "yunchang_ulysses", "--heads-kv", "8", *grid)
+    assert code == 2 and "--shape H_kv: spec 'yunchang_ulysses' has no H_kv-headed tensors; leave H_kv out" in err
+    code, out, _ = run_cli("tune", "--spec", "yunchang_ulysses", "--spec", "ulysses_qkv_gqa", "--heads-kv", "8", *grid)
+    assert code == 0 and "ulysses_qkv_gqa scatter N=2 Hl=16 Hl_kv=4" in out

@@ -319,6 +319,16 @@ def check_bucket_aliases(command: str, families: Iterable[str]) -> None:
             )
 
 
+def check_unused_extents(given: Iterable[str], specs: Iterable[Any]) -> None:
+    """Refuse a given extent that no spec of the run uses (`Family.unused_extents`): it would be ignored."""
+    from layoutgen.family import get_family
+
+    unused = [get_family(spec.family).unused_extents(spec) for spec in specs]
+    for name in given:
+        if unused and all(name in reasons for reasons in unused):
+            raise bad_input(f"--shape {name}: {'; '.join(reasons[name] for reasons in unused)}; leave {name} out")
+
+
 def command_options(command: str) -> frozenset[str]:
     """Every option `layoutgen COMMAND` declares, read from the app of `layoutgen.cli` (looked up, not imported:
     the app imports this module); empty where that app is not loaded."""

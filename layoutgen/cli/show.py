@@ -12,6 +12,7 @@ from layoutgen.cli.common import (
     FamilyAliasHelp,
     alias_help,
     bad_input,
+    check_unused_extents,
     check_writable_dir,
     parse_shape,
     resolve_spec,
@@ -54,11 +55,7 @@ def _shape_of(specs: list[Any], shape: list[str] | None, dtype: str | None) -> t
     zero_by_default = [name for name, value in family.show_shape.items() if value == 0]
     given = parse_shape(shape or [], may_be_zero=zero_by_default)
     values = single_values(given, dict(family.show_shape), f"the {family.name} family's drawing")
-    # An extent no drawn spec uses would be ignored without a word (H_kv of a Ulysses spec without GQA).
-    unused = [family.unused_show_extents(each) for each in specs]
-    for name in given:
-        if all(name in reasons for reasons in unused):
-            raise bad_input(f"--shape {name}: {'; '.join(reasons[name] for reasons in unused)}; leave {name} out")
+    check_unused_extents(given, specs)
     chosen = dtype or family.default_dtypes[0]
     if chosen not in family.dtypes:
         raise bad_input(f"--dtype {chosen}: the {family.name} family takes {', '.join(family.dtypes)}")

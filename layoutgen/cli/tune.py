@@ -17,6 +17,7 @@ from layoutgen.cli.common import (
     alias_help,
     bad_input,
     check_bucket_aliases,
+    check_unused_extents,
     check_writable_dir,
     console,
     parse_shape,
@@ -263,6 +264,7 @@ def tune(
     except ValueError as error:
         raise bad_input(str(error)) from None
     check_bucket_aliases("tune", {target.problem.family.name for target in targets})
+    check_unused_extents(grid, {id(target.problem.spec): target.problem.spec for target in targets}.values())
     if dry_run:
         _print_plan(options)
         return

@@ -279,7 +279,7 @@ class UlyssesFamily(Family):
                 jobs.append((width, {"kernel": decl.name, "config": config, **values, "dtype": "bfloat16"}))
         return jobs
 
-    def unused_show_extents(self, spec: Any) -> Mapping[str, str]:
+    def unused_extents(self, spec: Any) -> Mapping[str, str]:
         from layoutgen.ulysses.spec import HeadCount
 
         return {} if spec.uses(HeadCount.H_KV) else {"H_kv": f"spec '{spec.name}' has no H_kv-headed tensors"}
