@@ -320,10 +320,10 @@ def check_bucket_aliases(command: str, families: Iterable[str]) -> None:
 
 
 def check_unused_extents(given: Iterable[str], specs: Iterable[Any]) -> None:
-    """Refuse a given extent that no spec of the run uses (`Family.unused_extents`): it would be ignored."""
+    """Refuse a given extent that no spec of the run (each once) uses (`Family.unused_extents`): it'd be ignored."""
     from layoutgen.family import get_family
 
-    unused = [get_family(spec.family).unused_extents(spec) for spec in specs]
+    unused = [get_family(spec.family).unused_extents(spec) for spec in {s.name: s for s in specs}.values()]
     for name in given:
         if unused and all(name in reasons for reasons in unused):
             raise bad_input(f"--shape {name}: {'; '.join(reasons[name] for reasons in unused)}; leave {name} out")

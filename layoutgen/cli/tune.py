@@ -264,7 +264,7 @@ def tune(
     except ValueError as error:
         raise bad_input(str(error)) from None
     check_bucket_aliases("tune", {target.problem.family.name for target in targets})
-    check_unused_extents(grid, {id(target.problem.spec): target.problem.spec for target in targets}.values())
+    check_unused_extents(grid, [target.problem.spec for target in targets])
     if dry_run:
         _print_plan(options)
         return
