@@ -462,3 +462,14 @@ def test_tune_refuses_h_kv_when_no_spec_of_the_run_has_gqa_tensors(run_cli) -> N
     assert code == 2 and "--shape H_kv: spec 'yunchang_ulysses' has no H_kv-headed tensors; leave H_kv out" in err
     code, out, _ = run_cli("tune", "--spec", "yunchang_ulysses", "--spec", "ulysses_qkv_gqa", "--heads-kv", "8", *grid)
     assert code == 0 and "ulysses_qkv_gqa scatter N=2 Hl=16 Hl_kv=4" in out
+
+
+def test_build_and_tune_say_where_a_spec_given_as_an_argument_goes(run_cli) -> None:
+    """show and diff take their specs as arguments, build and tune after --spec: click's refusal says so."""
+    code, _, err = run_cli("build", "my.yaml", "--check")
+    assert code == 2 and "Got unexpected extra argument" in err
+    assert "build takes each spec after --spec, e.g. layoutgen build --spec my.yaml" in err
+    code, _, err = run_cli("tune", "a.yaml", "b c.yaml")  # names with spaces are not split apart in the example
+    assert code == 2 and "tune takes each spec after --spec, e.g. layoutgen tune --spec FILE" in err
+    code, _, err = run_cli("families", "dcp")  # no --spec option: click's message alone
+    assert code == 2 and "Got unexpected extra argument" in err and "--spec" not in err

@@ -8,6 +8,7 @@ or LAYOUTGEN_DEBUG=1) shows the traceback.  No user-supplied text is ever read a
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import threading
@@ -160,6 +161,7 @@ def _run() -> None:
         # typer >= 0.29 vendors click, so usage errors are recognised by their interface, not their class.
         show, exit_code = getattr(error, "show", None), getattr(error, "exit_code", None)
         if callable(show) and isinstance(exit_code, int):
+            _hint_spec_option(error)
             show()
             sys.exit(exit_code)
         if debug["on"]:
@@ -173,6 +175,21 @@ def _run() -> None:
     if isinstance(returned, int) and not isinstance(returned, bool) and returned:
         sys.exit(returned)
     _flush_or_closed()
+
+
+def _hint_spec_option(error: Exception) -> None:
+    """`layoutgen build my.yaml`: `show` and `diff` take their specs as arguments, `build` and `tune` after
+    `--spec`, so click's "Got unexpected extra argument(s) (my.yaml)" also says where the spec goes."""
+    context, message = getattr(error, "ctx", None), getattr(error, "message", None)
+    command = getattr(context, "command", None)
+    if not isinstance(message, str) or not message.startswith("Got unexpected extra argument") or command is None:
+        return
+    if any("--spec" in getattr(param, "opts", ()) for param in command.params):
+        # Click joins the extra arguments with spaces: one of them is named only where that is unambiguous.
+        extra = message[message.rfind("(") + 1 : message.rfind(")")]
+        example = shlex.quote(extra) if extra and " " not in extra else "FILE"
+        hint = f"{command.name} takes each spec after --spec, e.g. layoutgen {command.name} --spec {example}"
+        error.message = f"{message}; {hint}"  # type: ignore[attr-defined]
 
 
 def _flush_or_closed() -> None:
