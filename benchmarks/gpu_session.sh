@@ -210,6 +210,9 @@
 #                                               timed in turn (OUT/v2, OUT/dcp: the committed results' runs)
 #   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
 #                                               tuning_db/ first where the tree is carried afresh)
+#   bash benchmarks/gpu_session.sh alignedb1 OUT (thirty-fifth pass) pynccl_a2a_aligned combine at N 4, B 1 over its
+#                                               whole space (headtohead read it 0.98x sglang L2-resident), then
+#                                               bench_dcp.py --quick --warm on that layout
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -1106,6 +1109,15 @@ lift)
     ;;
 liftbench)
     timeout 500 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -3
+    ;;
+alignedb1)
+    timeout 300 python3 -m layoutgen.cli tune --spec pynccl_a2a_aligned --kernel combine --shape N=4 --shape H=128 \
+        --shape D=512 --bucket 1 --exhaustive-limit 1000 --retune --db tuning_db \
+        --report "$out/tune_combine_pynccl_a2a_aligned_n4_b1_exhaustive.md" 2>&1 | tail -2
+    cp tuning_db/NVIDIA_H200.json "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -1
+    timeout 150 python3 benchmarks/bench_dcp.py --quick --warm --specs pynccl_a2a_aligned --out "$out" 2>&1 \
+        | grep -E "slower_beyond|min_in_turn|min_warm_in"
     ;;
 smallb)
     points=""
