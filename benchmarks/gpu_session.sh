@@ -212,7 +212,8 @@
 #                                               tuning_db/ first where the tree is carried afresh)
 #   bash benchmarks/gpu_session.sh alignedb1 OUT (thirty-fifth pass) pynccl_a2a_aligned combine at N 4, B 1 over its
 #                                               whole space (headtohead read it 0.98x sglang L2-resident), then
-#                                               bench_dcp.py --quick --warm on that layout
+#                                               bench_dcp.py --quick --warm on that layout (written in that
+#                                               pass, not yet run: no second H200 came)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
