@@ -29,7 +29,10 @@
 #   bash benchmarks/gpu_session.sh exhaustive OUT pynccl_a2a_aligned combine at N 8, B 64 over its whole space (the probes
 #                                               hold a config faster than sglang rotated and L2-resident there that TPE
 #                                               missed); bench_dcp.py on that layout (and on EXHAUSTIVE_SPEC, another
-#                                               bundled spec searched the same way instead: vllm_a2a, twenty-third pass)
+#                                               bundled spec searched the same way instead: vllm_a2a, twenty-third pass;
+#                                               EXHAUSTIVE_N and EXHAUSTIVE_BUCKET pick another point: N 4, B 1 for
+#                                               pynccl_a2a_aligned, thirty-fifth pass, which headtohead read 0.98x
+#                                               sglang L2-resident; written then, not yet run)
 #   bash benchmarks/gpu_session.sh prefetch OUT  combine with every partial loaded before the weights (probe_prefetch/,
 #                                               rendered from the changed template) against the committed kernel, 40
 #                                               configs of the space and the small grid, rotated and L2-resident
@@ -210,10 +213,6 @@
 #                                               timed in turn (OUT/v2, OUT/dcp: the committed results' runs)
 #   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
 #                                               tuning_db/ first where the tree is carried afresh)
-#   bash benchmarks/gpu_session.sh alignedb1 OUT (thirty-fifth pass) pynccl_a2a_aligned combine at N 4, B 1 over its
-#                                               whole space (headtohead read it 0.98x sglang L2-resident), then
-#                                               bench_dcp.py --quick --warm on that layout (written in that
-#                                               pass, not yet run: no second H200 came)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -461,9 +460,11 @@ checkup)
     ;;
 exhaustive)
     spec=${EXHAUSTIVE_SPEC:-pynccl_a2a_aligned}
-    timeout 280 python3 -m layoutgen.cli tune --spec "$spec" --kernel combine --shape N=8 --shape H=128 \
-        --shape D=512 --bucket 64 --exhaustive-limit 1000 --retune --db tuning_db \
-        --report "$out/tune_combine_${spec}_n8_b64_exhaustive.md" 2>&1 | tail -2
+    peers=${EXHAUSTIVE_N:-8}
+    bucket=${EXHAUSTIVE_BUCKET:-64}
+    timeout 280 python3 -m layoutgen.cli tune --spec "$spec" --kernel combine --shape N=$peers --shape H=128 \
+        --shape D=512 --bucket $bucket --exhaustive-limit 1000 --retune --db tuning_db \
+        --report "$out/tune_combine_${spec}_n${peers}_b${bucket}_exhaustive.md" 2>&1 | tail -2
     cp tuning_db/NVIDIA_H200.json "$out/"
     python3 -m layoutgen.cli db check 2>&1 | tail -1
     timeout 200 python3 benchmarks/bench_dcp.py --quick --warm --specs $(printf "%s\n" "$spec" pynccl_a2a_aligned | sort -u) --out "$out" 2>&1 | tail -2
@@ -1110,15 +1111,6 @@ lift)
     ;;
 liftbench)
     timeout 500 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -3
-    ;;
-alignedb1)
-    timeout 300 python3 -m layoutgen.cli tune --spec pynccl_a2a_aligned --kernel combine --shape N=4 --shape H=128 \
-        --shape D=512 --bucket 1 --exhaustive-limit 1000 --retune --db tuning_db \
-        --report "$out/tune_combine_pynccl_a2a_aligned_n4_b1_exhaustive.md" 2>&1 | tail -2
-    cp tuning_db/NVIDIA_H200.json "$out/"
-    python3 -m layoutgen.cli db check 2>&1 | tail -1
-    timeout 150 python3 benchmarks/bench_dcp.py --quick --warm --specs pynccl_a2a_aligned --out "$out" 2>&1 \
-        | grep -E "slower_beyond|min_in_turn|min_warm_in"
     ;;
 smallb)
     points=""
