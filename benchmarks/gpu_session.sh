@@ -214,6 +214,11 @@
 #                                               timed in turn (OUT/v2, OUT/dcp: the committed results' runs)
 #   bash benchmarks/gpu_session.sh liftbench OUT bench_dcp_v2.py with lift's database (copy OUT/NVIDIA_H200.json into
 #                                               tuning_db/ first where the tree is carried afresh)
+#   bash benchmarks/gpu_session.sh h100tune OUT (thirty-ninth pass, on an H100) a first database for the H100: every bundled
+#                                               DCP spec's pack and combine over the H200's grid (H 128 / D 512 at N 2, 4,
+#                                               8, B 1 ... 4096; H 16 / D 512 and H 32 / D 128 at N 2, 8, B 8, 1024)
+#   bash benchmarks/gpu_session.sh h100bench OUT the studies h100tune's limits cut (resumed), the dispatch check, then
+#                                               bench_dcp.py --quick --warm on the H100 with that database
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -246,6 +251,21 @@ tune_dcp_grid() {
         --bucket 8 1024 --db tuning_db --report "$out/${report}_h16.md" 2>&1 | tail -2
     timeout "$5" python3 -m layoutgen.cli tune --spec $specs --kernel "$kernel" --shape N=2,8 --shape H=32 --shape D=128 \
         --bucket 8 1024 --db tuning_db --report "$out/${report}_d128.md" 2>&1 | tail -2
+}
+# Both kernels of every bundled DCP spec over tune_dcp_grid's grid (a re-run resumes); reports $out/tune_REPORT_*.md.
+#   tune_dcp_everything REPORT SECONDS_H128 SECONDS_EACH_SMALL
+tune_dcp_everything() {
+    timeout "$2" python3 -m layoutgen.cli tune --spec $dcp_specs --shape N=2,4,8 --shape H=128 --shape D=512 \
+        --bucket 1 8 64 256 1024 4096 --db tuning_db --report "$out/tune_$1_h128.md" 2>&1 | tail -2
+    timeout "$3" python3 -m layoutgen.cli tune --spec $dcp_specs --shape N=2,8 --shape H=16 --shape D=512 \
+        --bucket 8 1024 --db tuning_db --report "$out/tune_$1_h16.md" 2>&1 | tail -2
+    timeout "$3" python3 -m layoutgen.cli tune --spec $dcp_specs --shape N=2,8 --shape H=32 --shape D=128 \
+        --bucket 8 1024 --db tuning_db --report "$out/tune_$1_d128.md" 2>&1 | tail -2
+}
+# The packaged database file of this machine's GPU (tuning_db/NVIDIA_H200.json on an H200).
+device_database() {
+    python3 -c "import torch; from layoutgen.tuning_db import device_file_name
+print('tuning_db/' + device_file_name(torch.cuda.get_device_name()))"
 }
 # The database a step wrote, its check, then bench_ulysses.py's large and small sizes with it.
 #   save_and_bench_ulysses SECONDS_LARGE SECONDS_SMALL
@@ -1112,6 +1132,19 @@ lift)
     ;;
 liftbench)
     timeout 500 python3 benchmarks/bench_dcp_v2.py --quick --out "$out" 2>&1 | tail -3
+    ;;
+h100tune)
+    device_db=$(device_database)
+    tune_dcp_everything h100 360 80
+    cp "$device_db" "$out/"
+    ;;
+h100bench)
+    device_db=$(device_database)
+    tune_dcp_everything h100_resumed 120 40
+    cp "$device_db" "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -3
+    timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check.log" | tail -2
+    timeout 300 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" 2>&1 | tail -3
     ;;
 smallb)
     points=""
