@@ -219,6 +219,8 @@
 #                                               8, B 1 ... 4096; H 16 / D 512 and H 32 / D 128 at N 2, 8, B 8, 1024)
 #   bash benchmarks/gpu_session.sh h100bench OUT the studies h100tune's limits cut (resumed), the dispatch check, then
 #                                               bench_dcp.py --quick --warm on the H100 with that database
+#                                               (run in the thirty-ninth: 468 decisions over h100tune, h100bench and
+#                                               h100tune twice more; tune_H100.md)
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail

@@ -315,9 +315,22 @@ def test_cli_db_check_and_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 # --- the committed database and its migration from schema 1 ---------------------------------------------------------
 
 
-def test_the_committed_h200_database_is_current_and_dispatch_picks_its_configs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every one of the H200 file's entries is current for today's specs, kernels, spaces and timing procedure
-    (`layoutgen db prune` keeps it so), and dispatch on that device (torch 2.11, triton 3.6, as the file
+COMMITTED_DATABASES = ("NVIDIA_H200.json", "NVIDIA_H100_80GB_HBM3.json")
+
+
+def test_every_packaged_database_is_committed_and_tested() -> None:
+    from layoutgen.runtime import configs
+
+    packaged = sorted(path.name for path in configs.packaged_database_dir().glob("*.json"))
+    assert packaged == sorted(COMMITTED_DATABASES)
+
+
+@pytest.mark.parametrize("file_name", COMMITTED_DATABASES)
+def test_a_committed_database_is_current_and_dispatch_picks_its_configs(
+    file_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every one of a committed file's entries is current for today's specs, kernels, spaces and timing procedure
+    (`layoutgen db prune` keeps it so), and dispatch on its device (torch 2.11, triton 3.6, as the file
     records) chooses exactly its config."""
     import warnings
 
@@ -330,11 +343,10 @@ def test_the_committed_h200_database_is_current_and_dispatch_picks_its_configs(m
     def fallback_fails(name: str) -> Any:
         return lambda: pytest.fail(f"{name}: dispatch fell back to the default")
 
-    path = configs.packaged_database_dir() / "NVIDIA_H200.json"
-    database = read_database(path)
-    assert database.entries  # what the last H200 session tuned (README, "Tuning")
+    database = read_database(configs.packaged_database_dir() / file_name)
+    assert database.entries  # what the last session on that device tuned (README, "Tuning")
     monkeypatch.delenv("LAYOUTGEN_TUNING_DB", raising=False)
-    monkeypatch.setattr(configs, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(configs, "device_name", lambda device: database.device_name)
     monkeypatch.setattr(tuning_db, "entry_versions", lambda: {"triton": "3.6", "torch": "2.11"})
     configs.reset()
     try:
