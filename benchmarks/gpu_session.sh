@@ -242,27 +242,17 @@ specs = bundled_specs().items()
 print(' '.join(n for n, s in specs if s.family == 'dcp'))
 print(' '.join(n for n, s in specs if s.family == 'ulysses'))
 print(' '.join(n for n, s in specs if s.family == 'dcp' and s.fp8))")
-# One DCP kernel over the grid the re-tunes below cover: H 128 / D 512 at N 2, 4, 8 and buckets 1 ... 4096, then
+# One DCP kernel (or all) over the grid the re-tunes below cover: H 128 / D 512 at N 2, 4, 8 and buckets 1 ... 4096, then
 # H 16 / D 512 and H 32 / D 128 at N 2, 8 and buckets 8, 1024; reports $out/REPORT_{h128,h16,d128}.md.
-#   tune_dcp_grid KERNEL REPORT "SPECS" SECONDS_H128 SECONDS_EACH_SMALL
+#   tune_dcp_grid KERNEL REPORT "SPECS" SECONDS_H128 SECONDS_EACH_SMALL   (KERNEL "": every kernel)
 tune_dcp_grid() {
     local kernel=$1 report=$2 specs=$3
-    timeout "$4" python3 -m layoutgen.cli tune --spec $specs --kernel "$kernel" --shape N=2,4,8 --shape H=128 \
+    timeout "$4" python3 -m layoutgen.cli tune --spec $specs ${kernel:+--kernel "$kernel"} --shape N=2,4,8 --shape H=128 \
         --shape D=512 --bucket 1 8 64 256 1024 4096 --db tuning_db --report "$out/${report}_h128.md" 2>&1 | tail -2
-    timeout "$5" python3 -m layoutgen.cli tune --spec $specs --kernel "$kernel" --shape N=2,8 --shape H=16 --shape D=512 \
+    timeout "$5" python3 -m layoutgen.cli tune --spec $specs ${kernel:+--kernel "$kernel"} --shape N=2,8 --shape H=16 --shape D=512 \
         --bucket 8 1024 --db tuning_db --report "$out/${report}_h16.md" 2>&1 | tail -2
-    timeout "$5" python3 -m layoutgen.cli tune --spec $specs --kernel "$kernel" --shape N=2,8 --shape H=32 --shape D=128 \
+    timeout "$5" python3 -m layoutgen.cli tune --spec $specs ${kernel:+--kernel "$kernel"} --shape N=2,8 --shape H=32 --shape D=128 \
         --bucket 8 1024 --db tuning_db --report "$out/${report}_d128.md" 2>&1 | tail -2
-}
-# Both kernels of every bundled DCP spec over tune_dcp_grid's grid (a re-run resumes); reports $out/tune_REPORT_*.md.
-#   tune_dcp_everything REPORT SECONDS_H128 SECONDS_EACH_SMALL
-tune_dcp_everything() {
-    timeout "$2" python3 -m layoutgen.cli tune --spec $dcp_specs --shape N=2,4,8 --shape H=128 --shape D=512 \
-        --bucket 1 8 64 256 1024 4096 --db tuning_db --report "$out/tune_$1_h128.md" 2>&1 | tail -2
-    timeout "$3" python3 -m layoutgen.cli tune --spec $dcp_specs --shape N=2,8 --shape H=16 --shape D=512 \
-        --bucket 8 1024 --db tuning_db --report "$out/tune_$1_h16.md" 2>&1 | tail -2
-    timeout "$3" python3 -m layoutgen.cli tune --spec $dcp_specs --shape N=2,8 --shape H=32 --shape D=128 \
-        --bucket 8 1024 --db tuning_db --report "$out/tune_$1_d128.md" 2>&1 | tail -2
 }
 # The packaged database file of this machine's GPU (tuning_db/NVIDIA_H200.json on an H200).
 device_database() {
@@ -1137,12 +1127,12 @@ liftbench)
     ;;
 h100tune)
     device_db=$(device_database)
-    tune_dcp_everything h100 360 80
+    tune_dcp_grid "" tune_h100 "$dcp_specs" 360 80
     cp "$device_db" "$out/"
     ;;
 h100bench)
     device_db=$(device_database)
-    tune_dcp_everything h100_resumed 120 40
+    tune_dcp_grid "" tune_h100_resumed "$dcp_specs" 120 40
     cp "$device_db" "$out/"
     python3 -m layoutgen.cli db check 2>&1 | tail -3
     timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check.log" | tail -2
