@@ -221,6 +221,12 @@
 #                                               bench_dcp.py --quick --warm on the H100 with that database
 #                                               (run in the thirty-ninth: 468 decisions over h100tune, h100bench and
 #                                               h100tune twice more; tune_H100.md)
+#   bash benchmarks/gpu_session.sh h100utune OUT (fortieth pass, on an H100) every bundled Ulysses spec's kernels over the
+#                                               H200's Ulysses grid (H 32 at N 4, 8, S_local 16, 1024, 4096; H 64 at
+#                                               N 2, 8, S_local 1024, 16384; bench_ulysses.py's two small points)
+#   bash benchmarks/gpu_session.sh h100ubench OUT the studies h100utune's limits cut (resumed), the database and dispatch
+#                                               checks, then bench_ulysses.py --quick with that database
+#   bash benchmarks/gpu_session.sh h100usmall OUT bench_ulysses.py --small with it
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -253,6 +259,21 @@ tune_dcp_grid() {
         --bucket 8 1024 --db tuning_db --report "$out/${report}_h16.md" 2>&1 | tail -2
     timeout "$5" python3 -m layoutgen.cli tune --spec $specs ${kernel:+--kernel "$kernel"} --shape N=2,8 --shape H=32 --shape D=128 \
         --bucket 8 1024 --db tuning_db --report "$out/${report}_d128.md" 2>&1 | tail -2
+}
+# Every Ulysses kernel over the grid of the H200's database: H 32 at N 4, 8 and S_local 16, 1024, 4096; H 64 at N 2, 8
+# and S_local 1024, 16384; then bench_ulysses.py's small points (N 2, H 32, S_local 1; N 8, H 16, S_local 64).
+# Reports $out/REPORT_{h32,h64,small_n2,small_n8}.md.
+#   tune_ulysses_grid REPORT SECONDS_H32 SECONDS_EACH_SMALL SECONDS_H64
+tune_ulysses_grid() {
+    local report=$1
+    timeout "$2" python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=4,8 --shape H=32 --shape D=128 \
+        --bucket 16 1024 4096 --trials 48 --db tuning_db --report "$out/${report}_h32.md" 2>&1 | tail -2
+    timeout "$3" python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=2 --shape H=32 --shape D=128 \
+        --bucket 1 --trials 48 --db tuning_db --report "$out/${report}_small_n2.md" 2>&1 | tail -2
+    timeout "$3" python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=8 --shape H=16 --shape D=128 \
+        --bucket 64 --trials 48 --db tuning_db --report "$out/${report}_small_n8.md" 2>&1 | tail -2
+    timeout "$4" python3 -m layoutgen.cli tune --spec $ulysses_specs --shape N=2,8 --shape H=64 --shape D=128 \
+        --bucket 1024 16384 --trials 32 --db tuning_db --report "$out/${report}_h64.md" 2>&1 | tail -2
 }
 # The packaged database file of this machine's GPU (tuning_db/NVIDIA_H200.json on an H200).
 device_database() {
@@ -1137,6 +1158,22 @@ h100bench)
     python3 -m layoutgen.cli db check 2>&1 | tail -3
     timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check.log" | tail -2
     timeout 300 python3 benchmarks/bench_dcp.py --quick --warm --out "$out" 2>&1 | tail -3
+    ;;
+h100utune)
+    device_db=$(device_database)
+    tune_ulysses_grid tune_ulysses_h100 270 55 160
+    cp "$device_db" "$out/"
+    ;;
+h100ubench)
+    device_db=$(device_database)
+    tune_ulysses_grid tune_ulysses_h100_resumed 90 25 60
+    cp "$device_db" "$out/"
+    python3 -m layoutgen.cli db check 2>&1 | tail -3
+    timeout 60 python3 scripts/check_dispatch_gpu.py 2>&1 | tee "$out/dispatch_check.log" | tail -2
+    timeout 290 python3 benchmarks/bench_ulysses.py --quick --out "$out" 2>&1 | tail -3
+    ;;
+h100usmall)
+    timeout 300 python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -3
     ;;
 smallb)
     points=""
