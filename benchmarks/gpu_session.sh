@@ -227,6 +227,12 @@
 #   bash benchmarks/gpu_session.sh h100ubench OUT the studies h100utune's limits cut (resumed), the database and dispatch
 #                                               checks, then bench_ulysses.py --quick with that database
 #   bash benchmarks/gpu_session.sh h100usmall OUT bench_ulysses.py --small with it
+#   bash benchmarks/gpu_session.sh maskvariants OUT (fortieth pass) the masked pack of generated/ against three rewrites of
+#                                               its flag and stores, rendered into probe_over/ (the values stored
+#                                               whatever the flag, zeros stored over the empty rows after them),
+#                                               probe_oneflag/ (one flag load per row serves the payload and stats
+#                                               tiles) and probe_both/, at the B <= 8 points the tuned configs of both
+#                                               cards left over 1.03x
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -1174,6 +1180,14 @@ h100ubench)
     ;;
 h100usmall)
     timeout 300 python3 benchmarks/bench_ulysses.py --small --out "$out" 2>&1 | tail -3
+    ;;
+maskvariants)
+    points="--point 2:8:128:512 --point 4:8:128:512 --point 8:8:128:512 --point 8:1:128:512 --point 8:8:16:512"
+    specs="--spec trtllm_helix_native_v2 --spec flashinfer_mnnvl --spec vllm_a2a --spec pynccl_a2a"
+    for variant in over oneflag both; do
+        timeout 170 python3 benchmarks/probe_pack_mask.py --compare $variant=probe_$variant $specs $points \
+            --out "$out/probe_pack_$variant.json" 2>&1 | tail -2
+    done
     ;;
 smallb)
     points=""
