@@ -228,11 +228,12 @@
 #                                               checks, then bench_ulysses.py --quick with that database
 #   bash benchmarks/gpu_session.sh h100usmall OUT bench_ulysses.py --small with it
 #   bash benchmarks/gpu_session.sh maskvariants OUT (fortieth pass) the masked pack of generated/ against three rewrites of
-#                                               its flag and stores, rendered into probe_over/ (the values stored
-#                                               whatever the flag, zeros stored over the empty rows after them),
-#                                               probe_oneflag/ (one flag load per row serves the payload and stats
-#                                               tiles) and probe_both/, at the B <= 8 points the tuned configs of both
-#                                               cards left over 1.03x
+#                                               its flag and stores (benchmarks/probe_pack_rewrites.py over, oneflag,
+#                                               both), at the B <= 8 points the tuned configs of both cards left over
+#                                               1.03x
+#   bash benchmarks/gpu_session.sh maskroles OUT (fortieth pass) the same against two more: split (a program for the live
+#                                               rows and one for the empty rows of each tile) and gate (the stats' flag
+#                                               loaded only where the stats are stored), each run twice
 # OUT: a folder for logs and results. The lent machine has torch and Triton but not pydantic or optuna:
 # `.whl/` carries them as wheels (see /work/.library/device/README.md), installed first.
 set -uo pipefail
@@ -1185,8 +1186,24 @@ maskvariants)
     points="--point 2:8:128:512 --point 4:8:128:512 --point 8:8:128:512 --point 8:1:128:512 --point 8:8:16:512"
     specs="--spec trtllm_helix_native_v2 --spec flashinfer_mnnvl --spec vllm_a2a --spec pynccl_a2a"
     for variant in over oneflag both; do
+        python3 benchmarks/probe_pack_rewrites.py $variant probe_$variant
         timeout 170 python3 benchmarks/probe_pack_mask.py --compare $variant=probe_$variant $specs $points \
             --out "$out/probe_pack_$variant.json" 2>&1 | tail -2
+    done
+    ;;
+maskroles)
+    python3 benchmarks/probe_pack_rewrites.py split probe_split
+    python3 benchmarks/probe_pack_rewrites.py gate probe_gate
+    points="--point 2:8:128:512 --point 4:8:128:512 --point 8:8:128:512 --point 8:1:128:512 --point 8:8:16:512"
+    for run in 1 2; do
+        timeout 200 python3 benchmarks/probe_pack_mask.py --compare split=probe_split --spec trtllm_helix_native_v2 \
+            --spec flashinfer_mnnvl --spec vllm_a2a --spec pynccl_a2a $points --point 2:1:128:512 --point 4:1:128:512 \
+            --out "$out/probe_pack_split_$run.json" 2>&1 | tail -2
+    done
+    for run in 1 2; do
+        timeout 150 python3 benchmarks/probe_pack_mask.py --compare gate=probe_gate --spec trtllm_helix_native_v2 \
+            --spec trtllm_helix_nccl --spec flashinfer_mnnvl --spec vllm_a2a $points \
+            --out "$out/probe_pack_gate_$run.json" 2>&1 | tail -2
     done
     ;;
 smallb)
