@@ -1,5 +1,6 @@
 """The benchmark's helpers that run without a GPU: the clock sampler's windows, the clock line of the
-report, the data-movement floor kernel (under the interpreter), the mask probe and the Ulysses box probe's list."""
+report, the data-movement floor kernel (under the interpreter), the mask probe and its rewrites of the masked pack,
+and the Ulysses box probe's list."""
 
 from __future__ import annotations
 
@@ -125,6 +126,38 @@ def test_the_mask_probe_compares_another_module_and_checks_its_bytes(tmp_path: P
     wrong = load_path(tmp_path / "wrong.py", module_name="layoutgen_test_probe_wrong")
     with pytest.raises(AssertionError, match="variant pack differs from the reference"):
         probe_pack_mask.measure_compare(bench, module, wrong, "variant", 2, 5, 4, 8)
+
+
+@requires_interpreter
+@pytest.mark.parametrize("variant", ["over", "oneflag", "both", "split", "gate"])
+def test_each_masked_pack_rewrite_applies_to_its_specs_and_stays_exact(variant: str, tmp_path: Path) -> None:
+    import probe_pack_mask
+    import probe_pack_rewrites
+    from bench_dcp_v2 import Bench
+
+    import layoutgen
+    from layoutgen.loader import load_path
+
+    rewrite = probe_pack_rewrites.VARIANTS[variant]
+    for name in probe_pack_rewrites.SPECS:
+        source = Path(layoutgen.load(name).__file__).read_text(encoding="utf-8")
+        assert rewrite(source) != source
+    bench = Bench(True, None)
+    # A (max, sum) layout with a stats buffer and an lse layout whose stats sit in the payload's row tail.
+    for name in ("trtllm_helix_native_v2", "pynccl_a2a"):
+        module = layoutgen.load(name)
+        path = tmp_path / f"{name}.py"
+        path.write_text(rewrite(Path(module.__file__).read_text(encoding="utf-8")), encoding="utf-8")
+        other = load_path(path, module_name=f"layoutgen_test_rewrite_{variant}_{name}")
+        row = probe_pack_mask.measure_compare(bench, module, other, variant, 2, 5, 4, 8)
+        assert set(row["us"]) == {"unmasked", "masked", variant}
+
+
+def test_a_rewrite_names_what_it_did_not_find() -> None:
+    import probe_pack_rewrites
+
+    with pytest.raises(ValueError, match="expected one"):
+        probe_pack_rewrites.over("def _pack_kernel(): pass\n")
 
 
 def test_the_box_probe_lists_the_default_first_and_every_box_once() -> None:
