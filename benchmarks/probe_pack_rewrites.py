@@ -116,10 +116,16 @@ def split(text: str) -> str:
         "        tl.store(destination, values, mask=mask)\n" + stats_lines("        ", "")
     )
     text = text[: block.start()] + rewritten + text[block.end() :]
+    # The launcher's own choice of the skipping form, hoisted above the grid so that the grid can follow it.
+    skip = re.search(r"\n        SKIP_EMPTY_READS=([^\n]*),\n", text)
+    if not skip:
+        raise ValueError("the launcher's SKIP_EMPTY_READS argument was not found")
+    text = text[: skip.start()] + "\n        SKIP_EMPTY_READS=skip_empty_reads,\n" + text[skip.end() :]
     text = replace_once(
         text,
         "    grid = (\n",
-        "    split = 2 if empty is not None and batch * bufs.H * head_dim * out.element_size() < _SKIP_EMPTY_READS_BYTES else 1\n"
+        f"    skip_empty_reads = {skip.group(1)}\n"
+        "    split = 2 if empty is not None and not skip_empty_reads else 1\n"
         "    grid = (\n",
     )
     return replace_once(text, "        batch_blocks,\n    ", "        batch_blocks * split,\n    ")
