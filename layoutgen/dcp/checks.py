@@ -60,14 +60,31 @@ def check_buffers(spec: DcpSpec, bufs: Any, label: str = "bufs") -> LayoutBuffer
     return bufs
 
 
-def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = None, max_sum: Any = None) -> int:
-    """Validate pack's arguments; return the number of rows B (R * T for a 4-D `out`)."""
+def check_pack_buffers(spec: DcpSpec, lse: Any, bufs: Any) -> LayoutBuffers:
+    """pack's buffers (also checked while torch.compile traces a call, before the trace reads them)."""
     if bufs is None and isinstance(lse, LayoutBuffers):
         raise TypeError(
             "pack's buffers came in lse's place (its second argument) and bufs is None: with max_sum= call "
             "pack(out, bufs=bufs, max_sum=(max, sum)) or pack(out, None, bufs, max_sum=(max, sum))"
         )
-    bufs = check_buffers(spec, bufs)
+    return check_buffers(spec, bufs)
+
+
+def check_max_sum_pair(max_sum: Any, stats_shape: str = "[B, H] (out's leading shape)") -> tuple[Any, Any] | None:
+    """pack's `max_sum` as its (max, sum) pair, None for None; anything but a tuple or list of two is refused."""
+    if max_sum is None:
+        return None
+    pair = max_sum_pair(max_sum)
+    if pair is None:
+        raise TypeError(
+            f"max_sum must be a (max, sum) pair of float32 tensors {stats_shape}; got {type(max_sum).__name__}"
+        )
+    return pair
+
+
+def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = None, max_sum: Any = None) -> int:
+    """Validate pack's arguments; return the number of rows B (R * T for a 4-D `out`)."""
+    bufs = check_pack_buffers(spec, lse, bufs)
     H, D = bufs.H, bufs.D
     if not isinstance(out, torch.Tensor):
         raise TypeError(
@@ -99,12 +116,9 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
             + ("both" if lse is not None else "neither")
         )
     named: list[tuple[str, Any]] = [("lse", lse)]
-    if max_sum is not None:
-        if max_sum_pair(max_sum) is None:
-            raise TypeError(
-                f"max_sum must be a (max, sum) pair of float32 tensors {stats_shape}; got {type(max_sum).__name__}"
-            )
-        named = [("max_sum[0] (max)", max_sum[0]), ("max_sum[1] (sum)", max_sum[1])]
+    pair = check_max_sum_pair(max_sum, stats_shape)
+    if pair is not None:
+        named = [("max_sum[0] (max)", pair[0]), ("max_sum[1] (sum)", pair[1])]
     for label, tensor in named:
         if not isinstance(tensor, torch.Tensor):
             kind = "[B, H]" if len(lead) == 1 else "[R, T, H]"
@@ -185,7 +199,10 @@ def check_scale_type(scale: Any) -> None:
 def check_scale(scale: Any) -> float:
     """combine's output scale: a finite real number within float32's range."""
     check_scale_type(scale)
-    value = float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:  # an int beyond any float
+        value = math.inf
     if not math.isfinite(value) or abs(value) > _FLOAT32_MAX:
         raise ValueError(
             f"scale must be a finite number within float32's range (|scale| <= {_FLOAT32_MAX:.4g}: the merge is "
@@ -229,4 +246,25 @@ def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any
                     f"out must not overlap the buffers it reads: it {overlap_relation(out, tensor)} bufs.tensors[{name!r}] "
                     f"({describe(tensor)}); got {describe(out)}. Pass a separate tensor, or out=None"
                 )
+        check_out_offsets(out)
     return B
+
+
+#: Where 32-bit element offsets end: the combine kernels widen only the batch index to 64 bits.
+_INT32_LIMIT = 2**31
+
+
+def check_out_offsets(out: torch.Tensor) -> None:
+    """combine writes `out` at batch * stride(0) + head * stride(1) + dim * stride(2), the batch term in 64 bits
+    where needed and the head and dim terms in 32 (each a 32-bit index times a stride that fits 32 bits), so a
+    view whose last head or dim lies 2**31 or more elements past its first would wrap and be written outside
+    `out`."""
+    for axis, name in ((1, "head"), (2, "dim")):
+        stride, last = out.stride(axis), out.shape[axis] - 1
+        if stride < _INT32_LIMIT and last * stride >= _INT32_LIMIT:
+            raise ValueError(
+                f"out's {name} stride {stride} puts its last {name} ({last}) {last * stride} elements past the "
+                f"first, and combine's {name} offsets are 32-bit (below 2**31 = {_INT32_LIMIT}; batch offsets are "
+                f"64-bit): pass an out whose {name} offsets stay below 2**31 (e.g. a contiguous tensor, then copy "
+                f"it into place); got {describe(out)}"
+            )

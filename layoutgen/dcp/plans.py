@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from layoutgen.dcp.config import CombineConfig, PackConfig
-from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape
+from layoutgen.dcp.layout import LayoutBuffers, Shape, buffer_shapes, check_shape, wire_dtype
 from layoutgen.dcp.spec import DcpSpec
 from layoutgen.runtime.plans import remember, remembered
 from layoutgen.runtime.tensors import OverlapGuard
@@ -81,7 +81,9 @@ def buffers_from_tensors(
     """The buffers object holding exactly `tensors` (alloc()'s, when it is alive), else a new one over them.
 
     `dtype` (the ops pass their `out`'s) is not matched against alloc()'s: a call with an `out` of another
-    dtype then gets the buffers it was made for, whose checks name `out` as the tensor that is wrong."""
+    dtype then gets the buffers it was made for, whose checks name `out` as the tensor that is wrong.  New
+    buffers take the payload's dtype where the wire carries the activations' own (then the checks name `out`
+    there too, not the payload)."""
     if tensors:
         bufs = remembered(tensors[0])
         if (
@@ -92,6 +94,13 @@ def buffers_from_tensors(
             and all(mine is given for mine, given in zip(bufs.tensors.values(), tensors, strict=True))
         ):
             return bufs
+    payload = tensors[0] if tensors else None
+    if (
+        isinstance(payload, torch.Tensor)
+        and payload.dtype in DTYPE_NAMES
+        and wire_dtype(spec, payload.dtype) == payload.dtype
+    ):
+        dtype = payload.dtype
     shape = Shape(N, B_max, H, D, dtype)
     check_shape(spec, shape)
     names = list(buffer_shapes(spec, shape))

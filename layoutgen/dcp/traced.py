@@ -12,7 +12,10 @@ from layoutgen.dcp import checks
 
 
 def pack_traced(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: Any = None, max_sum: Any = None) -> None:
-    maximum, total = (None, None) if max_sum is None else max_sum
+    # Checked while tracing, before the lines below read them (a bad one would fail in Dynamo's words, and a
+    # stacked [2, B, H] tensor would unpack as a pair); the op checks the tensors when it runs.
+    bufs = checks.check_pack_buffers(owner.spec, lse, bufs)
+    maximum, total = checks.check_max_sum_pair(max_sum) or (None, None)
     tensors = list(bufs.tensors.values())
     shape = (owner.name, bufs.N, bufs.B_max, bufs.H, bufs.D, config_values(config))
     torch.ops.layoutgen.pack(out, lse, tensors, *shape, empty, maximum, total)
@@ -31,6 +34,7 @@ def combine_traced(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     # Checked while tracing, before the allocation below fails on them in torch's words. scale's value is
     # checked by the op, on the number: under dynamic shapes the tracer holds a symbol, not a float.
+    bufs = checks.check_buffers(owner.spec, bufs)
     B = checks.check_combine_scalars(B, bufs.B_max, lse_base, return_lse)
     checks.check_scale_type(scale)
     # Allocation stays in the traced graph; the op only writes.
