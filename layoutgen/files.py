@@ -15,6 +15,7 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 #: How every generated module begins (`layoutgen.codegen` writes it; `layoutgen.load` and `tune --spec` import
@@ -177,4 +178,26 @@ def replace_atomically(path: Path, content: str | bytes, mode: int | None = None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+        raise
+
+
+@contextlib.contextmanager
+def directories_for(path: Path) -> Iterator[None]:
+    """Create `path`'s missing directories for a write in the block; when the block fails, remove again those
+    it created (innermost first, only while empty: another writer's file keeps its directory), so a failed
+    write leaves no empty directories behind."""
+    missing = []
+    directory = path.parent
+    while not os.path.lexists(directory) and directory.parent != directory:
+        missing.append(directory)
+        directory = directory.parent
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield
+    except BaseException:
+        for created in missing:
+            try:
+                created.rmdir()
+            except OSError:
+                break
         raise

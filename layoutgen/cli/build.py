@@ -14,12 +14,11 @@ from rich.text import Text
 from layoutgen.cli.common import (
     CommandFailed,
     bad_input,
-    check_directory_path,
-    check_writable_dir,
     console,
     resolve_spec_source,
     say,
 )
+from layoutgen.cli.paths import check_directory_path, check_writable_dir
 from layoutgen.tuning.offline import ARCH
 
 
@@ -102,14 +101,15 @@ def build(
     if out is None:
         _refuse_spec_files_into_checkout(sources)
     out_dir = Path(out) if out is not None else _default_out_dir()
+    where = f"--out {out_dir}" if out is not None else f"the checkout's {out_dir}"
     if out is not None:
+        check_directory_path(out_dir, where)  # a link to nothing, a loop or a long name: before resolving it
         _refuse_inside_package(out_dir)
     owns_directory = bundled and out is None
     try:
         planned = codegen.plan_outputs(sources, out_dir, with_init=owns_directory)
     except ValueError as error:
         raise bad_input(str(error)) from None
-    where = f"--out {out_dir}" if out is not None else f"the checkout's {out_dir}"
     if check:
         check_directory_path(out_dir, where)  # a file there is bad input, as without --check, not "stale"
         problems = codegen.stale_files(planned, out_dir, owns_directory)

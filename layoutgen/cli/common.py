@@ -161,7 +161,8 @@ def single_values(shape: dict[str, list[int]], defaults: dict[str, int], what: s
     """One value per extent (a drawing is one shape), defaults for the rest; unknown extents are errors."""
     unknown = set(shape) - set(defaults)
     if unknown:
-        raise bad_input(f"{what} has no extent {', '.join(sorted(unknown))}; its extents: {', '.join(defaults)}")
+        names = ", ".join(_as_given(name) for name in sorted(unknown))
+        raise bad_input(f"{what} has no extent {names}; its extents: {', '.join(defaults)}")
     values = dict(defaults)
     for name, numbers in shape.items():
         if len(numbers) != 1:
@@ -216,6 +217,12 @@ class FamilyAliases:
 
 #: The aliases `expand_arguments` found for the command line being run, by command: `tune --help` lists them.
 _found: dict[str, FamilyAliases] = {}
+
+
+def _as_given(extent: str) -> str:
+    """An extent as the command line gave it: `--empty (E)` where a family's alias stood for it."""
+    aliases = [alias for found in _found.values() for alias in found.used if found.usable.get(alias) == extent]
+    return f"{aliases[0]} ({extent})" if aliases else extent
 
 
 def alias_help(command: str, buckets: bool = False) -> str:
@@ -424,27 +431,3 @@ def expand_arguments(args: list[str]) -> list[str]:
 
 def _a_value(arg: str) -> bool:
     return not arg.startswith("-") or re.fullmatch(r"-\d+", arg) is not None
-
-
-def check_directory_path(directory: Path, what: str) -> Path:
-    """`directory` is a directory or can be made one (nothing but directories on its way); its nearest existing
-    part."""
-    existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if existing.exists() and not existing.is_dir():
-        raise bad_input(f"{what}: {existing} is {'not a directory' if existing == directory else 'a file'}")
-    return existing
-
-
-def check_writable_dir(directory: Path, what: str) -> None:
-    """`directory` exists (or can be created) and takes new files: tried with a temporary file in it or in its
-    nearest existing parent, which covers permissions, read-only file systems and paths under a regular file."""
-    import tempfile
-
-    existing = check_directory_path(directory, what)
-    try:
-        with tempfile.TemporaryFile(dir=existing, prefix=".layoutgen-probe-"):
-            pass
-    except OSError as error:
-        raise bad_input(f"{what}: cannot write to {existing} ({error.strerror or error})") from None

@@ -188,16 +188,20 @@ def _explain_empty(
 ) -> None:
     """Which filter matched nothing in this file, and what the file has instead."""
     keys = [entry.key for entry in held]
+    # Extents are looked for in the entries the spec and kernel filters keep (a Ulysses entry's size is S_local,
+    # not a DCP entry's B), unless those filters keep none.
+    kept = [key for key in keys if _selected(key, specs, kernels, {})] or keys
     found = {
         "spec": {key.spec for key in keys},
         "kernel": {key.kernel for key in keys},
-        "extent": {name for key in keys for name, _ in (*key.extents, (key.bucket_name, key.bucket))},
+        "extent": {name for key in kept for name, _ in (*key.extents, (key.bucket_name, key.bucket))},
     }
     asked = {"spec": specs, "kernel": kernels, "extent": set(shape)}
     for what, names in asked.items():
         missing = sorted(names - found[what])
+        whose = "the --spec/--kernel selection's" if what == "extent" and len(kept) < len(keys) else "the file's"
         if missing:
-            say(f"  no entry has the {what} {', '.join(missing)}; the file's: {', '.join(sorted(found[what]))}")
+            say(f"  no entry has the {what} {', '.join(missing)}; {whose}: {', '.join(sorted(found[what]))}")
     grid_only = _grid_axes_not_keyed({key.family for key in keys}) & (set(shape) - found["extent"])
     if grid_only:
         say(

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from layoutgen.cli.common import CommandFailed, bad_input, check_writable_dir
+from layoutgen.cli.common import CommandFailed, bad_input
+from layoutgen.cli.paths import check_writable_dir
 
 
 def check_cache_dir() -> Path:

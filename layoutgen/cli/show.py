@@ -13,12 +13,12 @@ from layoutgen.cli.common import (
     alias_help,
     bad_input,
     check_unused_extents,
-    check_writable_dir,
     parse_shape,
     resolve_spec,
     say,
     single_values,
 )
+from layoutgen.cli.paths import check_name_lengths, check_output_file
 
 SpecArgument = Annotated[
     str, typer.Argument(metavar="SPEC", help="A bundled spec name (e.g. pynccl_a2a) or a spec YAML file.")
@@ -79,7 +79,7 @@ def show(
 
     layout = resolve_spec(spec)
     values, chosen = _shape_of([layout], shape, dtype)
-    target = _png_target(png) if png is not None else None
+    target = _png_target(png, Path(spec)) if png is not None else None
     if target is not None:
         try:
             show_module.png.require_matplotlib()  # fail before printing anything
@@ -87,6 +87,9 @@ def show(
             raise bad_input(str(error)) from None
     try:
         bmap = show_module.byte_map(layout, values, chosen)
+        if target is not None:
+            hint = "Draw a smaller shape (the pattern is the same at any size), or leave --png out for the text"
+            show_module.png.check_png_size(bmap, hint)
     except (ValueError, TypeError) as error:
         raise bad_input(str(error)) from None
     if as_json:
@@ -101,14 +104,16 @@ def show(
         say(f"wrote {target} ({size} bytes)", err=True)
 
 
-def _png_target(text: str) -> Path:
-    """The --png file, checked before anything is drawn: a name, not a directory, in a writable directory."""
+def _png_target(text: str, spec_file: Path) -> Path:
+    """The --png file, checked before anything is drawn: a name, not a directory, no device and not the spec
+    being drawn, in a writable directory."""
     if not text:
         raise bad_input("--png needs a file name, e.g. --png layout.png")
     path = Path(text)
+    check_name_lengths(path, f"--png {path}")
     if path.is_dir():
         raise bad_input(f"--png {path} is a directory; name a file, e.g. --png {path / 'layout.png'}")
-    check_writable_dir(path.parent, f"--png {path}")
+    check_output_file(path, f"--png {path}", [spec_file])
     return path
 
 

@@ -18,13 +18,13 @@ from layoutgen.cli.common import (
     bad_input,
     check_bucket_aliases,
     check_unused_extents,
-    check_writable_dir,
     console,
     parse_shape,
     say,
     stop_note,
     stopped_message,
 )
+from layoutgen.cli.paths import check_output_file, check_writable_dir
 from layoutgen.files import GENERATED_MARK, generated_by_layoutgen
 from layoutgen.spec import SpecError
 
@@ -217,13 +217,14 @@ def tune(
         from layoutgen.tuning.runner import check_report_path
         from layoutgen.tuning.storage import default_journal_path
 
+        # Names a device or a regular file in the way, and a spec file this run reads.
+        check_output_file(report, f"--report {report}", [Path(source) for source in spec or ()])
         journal = default_journal_path() if storage is None else Path(storage).expanduser()
         target = report.resolve()
         if target.parent == db_dir.resolve() and target.suffix == ".json":
             raise bad_input(f"--report {report} would replace a tuning database file in {db_dir}; name a markdown file")
         if (storage is None or "://" not in storage) and target == journal.resolve():
             raise bad_input(f"--report {report} is the study journal; name a markdown file of its own")
-        check_writable_dir(report.parent, f"--report {report}")  # names a regular file in the way
         try:
             check_report_path(report)
         except ValueError as error:

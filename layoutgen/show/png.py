@@ -12,7 +12,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from layoutgen.files import replace_atomically
+from layoutgen.files import directories_for, replace_atomically
 from layoutgen.show.model import ByteMap, Look
 from layoutgen.show.text import colour_index, line_bytes
 
@@ -59,6 +59,24 @@ def _legend_style(look: Look, colour: tuple[float, ...]) -> dict[str, Any]:
     if look is Look.FILLER:
         return {"facecolor": "0.85", "edgecolor": "black"}
     return {"facecolor": "white", "hatch": "xx", "edgecolor": "0.6"}
+
+
+#: The most lines (all panels together) a PNG draws, 0.24 inch each: the bundled specs' drawings take 6 to 36.
+#: 512 (deepspeed_ulysses --seq 64) took 9.4 s and 0.47 GB for 1210 x 13934 pixels, 3200 (--seq 400) 2 minutes
+#: and 1.2 GB for 1210 x 84898, both under the text drawing's byte limit (CI-like CPU, matplotlib Agg).
+MAX_PNG_LINES = 512
+
+
+def png_lines(bmap: ByteMap) -> int:
+    """How many lines the PNG of `bmap` draws."""
+    return sum(info.nbytes // line_bytes(bmap, info)[1] for info in bmap.buffers)
+
+
+def check_png_size(bmap: ByteMap, hint: str) -> None:
+    """Refuse a PNG of more than MAX_PNG_LINES lines (ValueError) before matplotlib draws it."""
+    lines = png_lines(bmap)
+    if lines > MAX_PNG_LINES:
+        raise ValueError(f"the PNG would draw {lines} lines of bytes; it is limited to {MAX_PNG_LINES}. {hint}")
 
 
 def write_png(bmap: ByteMap, path: Path) -> int:
@@ -121,6 +139,6 @@ def write_png(bmap: ByteMap, path: Path) -> int:
         fig.savefig(image, format="png", dpi=110)
     finally:
         plt.close(fig)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(Path(path), image.getvalue())
+    with directories_for(Path(path)):
+        replace_atomically(Path(path), image.getvalue())
     return Path(path).stat().st_size

@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from layoutgen.files import replace_atomically
+from layoutgen.files import directories_for, regular_file_problem, replace_atomically
 from layoutgen.signals import sigterm_interrupts, terminated_by_sigterm
 from layoutgen.tuning.compile import child_environment
 from layoutgen.tuning.plan import (
@@ -106,25 +106,26 @@ def held_decisions(held: dict[str, Any], options: TuneOptions) -> tuple[list[str
 
 
 def check_report_path(report: Path) -> None:
-    """Refuse a `--report` path that cannot be written before the search, not after it (ValueError): the
-    report's directory is created (it stays, for the report) and a temporary file is created beside it."""
+    """Refuse a `--report` path that cannot be written before the search, not after it (ValueError): anything
+    there but a regular file, and a directory that does not take a temporary file (tried in the nearest one
+    that exists: the report's own directories are created when it is written, so a dry run or a refused run
+    leaves none behind)."""
     if report.is_dir():
         raise ValueError(f"--report {report} is a directory; pass the path of a markdown file to write")
-    created = [parent for parent in [report.parent, *report.parent.parents] if not os.path.lexists(parent)]
+    problem = regular_file_problem(report) if os.path.lexists(report) else "no such file"
+    if problem is not None and problem != "no such file":
+        raise ValueError(f"--report {report} {problem}; pass the path of a markdown file to write")
+    existing = report.parent
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
     try:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(report):
+        if problem is None:
             # Opened for appending and closed: nothing is truncated before the run has a report to write.
             os.close(os.open(report, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NONBLOCK", 0)))
         else:
-            with tempfile.NamedTemporaryFile(dir=report.parent, prefix=f".{report.name}.", suffix=".tmp"):
+            with tempfile.NamedTemporaryFile(dir=existing, prefix=f".{report.name}.", suffix=".tmp"):
                 pass
     except OSError as error:
-        for directory in created:  # innermost first; only those this check created, and only while empty
-            try:
-                directory.rmdir()
-            except OSError:
-                break
         raise ValueError(
             f"--report {report} cannot be written ({error.strerror or error}); pass a writable path"
         ) from None
@@ -274,9 +275,9 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
 
 
 def write_report(path: Path, text: str) -> None:
-    """Write the markdown report whole (beside it, then renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(path, text)
+    """Write the markdown report whole (beside it, then renamed over it), creating its directories."""
+    with directories_for(path):
+        replace_atomically(path, text)
 
 
 def _run_workers(options: TuneOptions, storage: Any, names: list[str], reporter: Any) -> tuple[int, list[str]]:

@@ -176,7 +176,6 @@ def box_extents(spec: UlyssesSpec, kernel: str, shape: Shape) -> dict[str, int]:
 def runtime_default(spec: UlyssesSpec, kernel: str, shape: Shape) -> TileConfig:
     """The heuristic config of a kernel at a live shape, fitted to the grid (what `config=None` falls back to,
     and the tuner's first candidate)."""
-    tensors = spec.direction(KERNEL_DIRECTION[kernel]).tensors
     extents = box_extents(spec, kernel, shape)
     axes = tile_axes(spec, kernel)
     source, destination = KERNEL_SIDES[kernel]
@@ -188,4 +187,11 @@ def runtime_default(spec: UlyssesSpec, kernel: str, shape: Shape) -> TileConfig:
         contiguous_axes(spec, kernel, source),
         contiguous_axes(spec, kernel, destination),
     )
-    return fit_grid(config, axes, extents, len(tensors))
+    return fit_to_shape(spec, kernel, shape, config)
+
+
+def fit_to_shape(spec: UlyssesSpec, kernel: str, shape: Shape, config: TileConfig) -> TileConfig:
+    """`config` fitted to the grid at a live shape: a default, or a tuned or forced config chosen at another
+    batch (the tuner times B = 1; B x S_local is what the grid walks)."""
+    tensors = spec.direction(KERNEL_DIRECTION[kernel]).tensors
+    return fit_grid(config, tile_axes(spec, kernel), box_extents(spec, kernel, shape), len(tensors))

@@ -23,7 +23,7 @@ from layoutgen.runtime.plans import PLANS as _PLANS
 from layoutgen.runtime.plans import plans_of, remember, remembered
 from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, needs_int64
 from layoutgen.ulysses import checks
-from layoutgen.ulysses.config import CONFIG_TYPES, TileConfig, runtime_default
+from layoutgen.ulysses.config import CONFIG_TYPES, TileConfig, fit_to_shape, runtime_default
 from layoutgen.ulysses.layout import (
     DTYPE_NAMES,
     KERNEL_DIRECTION,
@@ -332,7 +332,9 @@ class Dispatcher:
             self.source_hashes[kernel],
             lambda: runtime_default(self.spec, kernel, bufs.shape),
         )
-        return cast(TileConfig, resolved)
+        # A tuned or forced config was chosen at another size: fitted as the default is, so a batch whose
+        # blocks pass CUDA's grid limits gets larger blocks instead of the launcher's error.
+        return fit_to_shape(self.spec, kernel, bufs.shape, cast(TileConfig, resolved))
 
     def _launch(
         self, kernel: str, plan: Plan, launch_args: tuple[Any, ...], call: tuple[Any, ...], varying: tuple[int, ...]

@@ -36,7 +36,7 @@ from layoutgen.ulysses.spec import DIRECTIONS, HeadCount, Transport, UlyssesSpec
 AXIS_LETTERS: dict[str, str] = {"peer": "p", "batch": "b", "seq": "s", "head": "h", "dim": "d", "tensor": "t"}
 #: Buffer and kind prefixes of the two directions.
 PREFIX = {"to_attention": "before", "from_attention": "after"}
-SIZE_HINT = "Use smaller --N/--seq/--heads/--D: the pattern is the same at any size"
+SIZE_HINT = "Use smaller --N/--batch/--seq/--heads/--D: the pattern is the same at any size"
 
 
 def drawing_shape(spec: UlyssesSpec, shape: Mapping[str, int]) -> Shape:
@@ -49,7 +49,7 @@ def drawing_shape(spec: UlyssesSpec, shape: Mapping[str, int]) -> Shape:
     values = {**defaults, **shape}
     if not spec.has_batch:
         if "B" in shape and shape["B"] != 1:
-            raise ValueError(f"spec '{spec.name}' has no batch axis; leave B out")
+            raise ValueError(f"spec '{spec.name}' has no batch axis; leave B out (--batch, --shape B=)")
         values["B"] = 1
     if not spec.uses(HeadCount.H_KV):
         values["H_kv"] = values["H"]
