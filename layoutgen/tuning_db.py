@@ -81,8 +81,9 @@ class TuningKey(BaseModel):
         return extents
 
     def group(self) -> tuple[Any, ...]:
-        """Everything but the bucket: the entries dispatch chooses a bucket among."""
-        return (self.family, self.spec, self.kernel, self.extents, self.dtype)
+        """Everything but the bucket's value: the entries dispatch chooses a bucket among (the bucket's name is
+        the family's, `B` or `S_local`: an entry under another name is never looked up)."""
+        return (self.family, self.spec, self.kernel, self.extents, self.dtype, self.bucket_name)
 
     def shape_text(self) -> str:
         """The key without its bucket, e.g. `dcp|pynccl_a2a|pack|N=4|Hl=32|D=512|bfloat16`."""
@@ -385,7 +386,7 @@ def record(
             if existing.device_name != device_name:
                 raise DatabaseError(
                     f"tuning database {path} holds device_name {existing.device_name!r}, not {device_name!r} "
-                    "(`layoutgen db check` calls such a file invalid); correct its device_name or move it away"
+                    "(dispatch on this device ignores it); correct its device_name or move it away"
                 )
             if existing.compute_capability != compute_capability:
                 raise DatabaseError(
@@ -402,7 +403,14 @@ def record(
             versions=dict(versions) if versions is not None else software_versions(),
             entries=merge_entries(old_entries, entries),
         )
-        replace_atomically(path, database.to_json())
+        text = database.to_json()
+        if len(text.encode("utf-8")) > MAX_DATABASE_BYTES:  # every reader would refuse the file, and its entries
+            raise DatabaseError(
+                f"tuning database {path} would grow to {len(text.encode('utf-8'))} bytes with these "
+                f"{len(entries)} entries, past the {MAX_DATABASE_BYTES} bytes a database is read up to; it is "
+                "left as it is: record into another --db directory, or prune this one (`layoutgen db prune`)"
+            )
+        replace_atomically(path, text)
     return path
 
 
@@ -418,23 +426,6 @@ def remove(path: Path, entries: Mapping[str, TuningEntry]) -> int:
             database.entries = {name: entry for name, entry in database.entries.items() if name not in doomed}
             replace_atomically(path, database.to_json())
     return len(doomed)
-
-
-def smallest_buckets(entries: Iterable[TuningEntry], keys: Iterable[TuningKey]) -> dict[TuningKey, int]:
-    """For each group of `keys` (their shape without the bucket) whose smallest bucket among `entries` is above
-    1: that bucket, keyed by the group's first key.  Dispatch runs that bucket's config for every smaller size
-    (`pick_bucket`), where a config tuned for many rows can lose to the default on a few (H100, vllm_a2a
-    combine at N 8, H 128, D 512 with only bucket 64 tuned: 1.77 and 2.00 µs at B 1 and 8, the default 1.56
-    and 1.67); the tuner says so."""
-    smallest: dict[tuple[Any, ...], int] = {}
-    for entry in entries:
-        group = entry.key.group()
-        smallest[group] = min(smallest.get(group, entry.key.bucket), entry.key.bucket)
-    named: dict[tuple[Any, ...], tuple[TuningKey, int]] = {}
-    for key in keys:
-        if smallest.get(key.group(), 1) > 1:
-            named.setdefault(key.group(), (key, smallest[key.group()]))
-    return dict(named.values())
 
 
 def pick_bucket(size: int, buckets: Iterable[int]) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from layoutgen import tuning_db
+from layoutgen.tuning.recorded import smallest_buckets
 from layoutgen.tuning_db import (
     SCHEMA_VERSION,
     DatabaseError,
@@ -21,7 +22,6 @@ from layoutgen.tuning_db import (
     pick_bucket,
     read_database,
     record,
-    smallest_buckets,
 )
 
 DEVICE = "NVIDIA H200"

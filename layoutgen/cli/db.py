@@ -333,6 +333,7 @@ def show(
 def check(db: DbOption = None) -> None:
     """Validate every database file (schema, names, file name vs device, each entry's key and config); count the
     entries per state. Fails on an invalid file or entry."""
+    from layoutgen.tuning.recorded import future_entries
     from layoutgen.tuning_db import DatabaseError, device_file_name, read_database
 
     directories = _dirs(db)
@@ -363,6 +364,14 @@ def check(db: DbOption = None) -> None:
             for name, (state, why) in states.items():
                 if state == INVALID:
                     say(f"  {name}: {why}", wrap=False)
+            problems += 1
+            continue
+        future = future_entries(database.entries.values())
+        if future:
+            say(f"invalid {path}: {len(future)} entries measured more than an hour from now (a clock ahead, or an "
+                "edit): the merge keeps them over every later tuning until then; correct measured_at", "red")  # fmt: skip
+            for entry in future:
+                say(f"  {entry.key.as_str()}: measured_at {entry.measured_at}", wrap=False)
             problems += 1
             continue
         say(f"ok {path}: {summary}", wrap=False)  # a path is never folded

@@ -64,6 +64,8 @@ def _key_problem(key: TuningKey, family: Family) -> str | None:
     names = tuple(name for name, _ in key.extents)
     if names != family.key_extents:
         return f"its extents {', '.join(names)} are not the {family.name} key's {', '.join(family.key_extents)}"
+    if key.bucket_name != family.bucket.name:
+        return f"its size is {key.bucket_name}, not the {family.name} key's {family.bucket.name}"
     return None
 
 

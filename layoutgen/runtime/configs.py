@@ -20,7 +20,7 @@ from typing import Any
 
 from layoutgen import tuning_db
 from layoutgen.config import LaunchConfig
-from layoutgen.family import KernelDecl, families
+from layoutgen.family import KernelDecl, families, get_family
 from layoutgen.settings import CONFIG, TUNING_DB, settings
 
 
@@ -108,11 +108,16 @@ def _database(path: Path, device: str) -> tuning_db.TuningDatabase | None:
             warn_once(("corrupt", path), f"ignoring the tuning database {path}: {type(error).__name__}")
     if database is not None and database.device_name != device:
         # Its entries were measured on other hardware: as `record` refuses to add to it, dispatch does not use it.
+        home = tuning_db.device_file_name(database.device_name)
+        fix = (
+            f"move it to {home} or correct its device_name"
+            if path.name != home
+            else f"correct its device_name to {device!r}"
+        )
         warn_once(
             ("foreign", path),
             f"ignoring the tuning database {path}: it holds device {database.device_name!r}, not the running "
-            f"{device!r} (`layoutgen db check` fails on it); move it to "
-            f"{tuning_db.device_file_name(database.device_name)} or correct its device_name",
+            f"{device!r}; {fix}",
         )
         database = None
     index: dict[tuple[Any, ...], dict[int, tuning_db.TuningEntry]] = {}
@@ -198,33 +203,33 @@ def tuned_config(
     expected: tuning_db.Expected,
     spec: Any = None,
 ) -> LaunchConfig | None:
-    """The tuned config for this shape from the first database that has a current one, else None (warned).
-    `spec`: the spec object, whose problem rules (`LaunchConfig.check_problem`) a tuned config must pass."""
+    """The tuned config for this shape, else None (warned): the bucket is picked from the buckets every database
+    holds for the shape, and that bucket's entry from the first database whose entry is current (a directory
+    in LAYOUTGEN_TUNING_DB holding one bucket does not hide the packaged file's others).  `spec`: the spec
+    object, whose problem rules (`LaunchConfig.check_problem`) a tuned config must pass."""
     try:
         name = device_name(device)
         file_name = tuning_db.device_file_name(name)
     except Exception as error:  # the device query must not break serving
         warn_once(("device", str(device)), f"cannot name the tuning database of {device}: {error}")
         return None
-    group = (family, spec_name, kernel.name, tuple(extents.items()), dtype)
+    group = (family, spec_name, kernel.name, tuple(extents.items()), dtype, get_family(family).bucket.name)
     dirs = database_dirs()
     found_file = False
-    skipped_entry = False  # a stale or invalid entry was already reported: no second warning for this call
+    by_bucket: dict[int, list[tuple[Path, tuning_db.TuningEntry]]] = {}  # in directory order
     for directory in dirs:
         path = directory / file_name
         if _database(path, name) is None:
             continue
         found_file = True
-        buckets = _indexes[path].get(group)
-        if not buckets:
-            continue
-        entry = buckets[tuning_db.pick_bucket(size, buckets)]
-        config = _config_from_entry(entry, path, kernel, expected, spec)
-        if config is not None:
-            return config
-        skipped_entry = True
-    if skipped_entry:
-        return None
+        for bucket, entry in (_indexes[path].get(group) or {}).items():
+            by_bucket.setdefault(bucket, []).append((path, entry))
+    if by_bucket:
+        for path, entry in by_bucket[tuning_db.pick_bucket(size, by_bucket)]:
+            config = _config_from_entry(entry, path, kernel, expected, spec)
+            if config is not None:
+                return config
+        return None  # every entry there was stale or refused, and each was reported
     searched = ", ".join(str(d) for d in dirs)
     if not found_file:
         if name == tuning_db.CPU_INTERPRETER_DEVICE:

@@ -68,6 +68,8 @@ def prepare_study(
     study = optuna.create_study(storage=storage, study_name=name, direction="minimize", load_if_exists=True)
     if study.user_attrs.get("layoutgen") != meta:
         study.set_user_attr("layoutgen", meta)
+    if options.retune and not study.user_attrs.get(RETUNE_OPEN):
+        study.set_user_attr(RETUNE_OPEN, True)  # until this run ends: a re-run of it resumes this study
     trials = study.get_trials(deepcopy=False)
     for trial in trials:
         if is_stale(trial):
@@ -79,16 +81,21 @@ def prepare_study(
     if study.user_attrs.get("final") and len(evaluated) < plan.budget:
         study.set_user_attr("final", None)  # more trials were asked for than the final decision saw
     space = bind(target.problem, bucket)
+    database: LaunchConfig | None = None
+    if recorded is not None:
+        with contextlib.suppress(TypeError, ValueError):  # a field today's config type no longer has
+            database = space.config_type.from_dict(recorded)
     seeds: list[tuple[LaunchConfig, str]]
     if plan.mode == "exhaustive":
-        seeds = [(config, "exhaustive") for config in space.feasible()]
+        # The database's config keeps its tag among the points: the decision re-times it with the finalists
+        # and keeps it unless beaten past the noise, as in a TPE study.
+        seeds = [(config, "database" if config == database else "exhaustive") for config in space.feasible()]
     else:
         seeds = []
         if not evaluated:  # a fresh study: a resumed one has had its seeds
             seeds.append((target.default_config(bucket), "default"))
-            if recorded is not None:
-                with contextlib.suppress(TypeError, ValueError):  # a field today's config type no longer has
-                    seeds.append((space.config_type.from_dict(recorded), "database"))
+            if database is not None:
+                seeds.append((database, "database"))
     for config, source in seeds:
         if not space.is_feasible(config):
             continue
@@ -100,22 +107,38 @@ def prepare_study(
     return name, meta
 
 
+#: A study's user attribute: True while a --retune that searched it has not ended (interrupted, or still running).
+RETUNE_OPEN = "retune_open"
+
+
 def retune_study(storage: Any, name: str, decided: bool) -> str:
     """The study a --retune searches for the study `name`: where a decision exists (`decided`: the database
-    holds a current one; or the study holds one), the first of `name|retune 1`, `name|retune 2`, ... without a
-    decision, so that the same --retune run again resumes it and a later one starts another, while `name`
-    stays as it is for any worker searching it or reading its decision (Optuna cannot forget a study's trials,
-    and deleting the study would pull it from under them).  `name` itself where nothing is decided yet."""
+    holds a current one; or the study holds one), the first of `name|retune 1`, `name|retune 2`, ... that holds
+    no decision or was searched by a --retune that has not ended (`RETUNE_OPEN`), so that an interrupted
+    --retune run again resumes its studies, decided ones included, and a later one starts another, while
+    `name` stays as it is for any worker searching it or reading its decision (Optuna cannot forget a study's
+    trials, and deleting the study would pull it from under them).  `name` itself where nothing is decided yet,
+    or where an unended --retune searched it."""
 
-    def has_decision(study: str) -> bool:
+    def attrs(study: str) -> dict[str, Any]:
         try:
-            return bool(storage.get_study_user_attrs(storage.get_study_id_from_name(study)).get("final"))
+            return dict(storage.get_study_user_attrs(storage.get_study_id_from_name(study)))
         except KeyError:  # no such study yet
-            return False
+            return {}
 
-    if not decided and not has_decision(name):
+    def taken(study: str) -> bool:
+        found = attrs(study)
+        return bool(found.get("final")) and not found.get(RETUNE_OPEN)
+
+    if (not decided and not attrs(name).get("final")) or attrs(name).get(RETUNE_OPEN):
         return name
     generation = 1
-    while has_decision(f"{name}|retune {generation}"):
+    while taken(f"{name}|retune {generation}"):
         generation += 1
     return f"{name}|retune {generation}"
+
+
+def end_retune(storage: Any, names: list[str]) -> None:
+    """A --retune over the studies `names` ended: the next --retune starts fresh studies for them."""
+    for name in names:
+        storage.set_study_user_attr(storage.get_study_id_from_name(name), RETUNE_OPEN, False)

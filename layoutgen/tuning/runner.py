@@ -137,7 +137,7 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     import optuna
 
     from layoutgen.tuning.context import device_identity
-    from layoutgen.tuning.prepare import prepare_study, retune_study
+    from layoutgen.tuning.prepare import end_retune, prepare_study, retune_study
     from layoutgen.tuning.worker import run_worker
 
     if options.report:
@@ -220,13 +220,28 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 gate_failures, worker_errors = _run_workers(options, storage, names, reporter)
     except KeyboardInterrupt:
         interrupted = True
+    if options.retune and not interrupted:
+        end_retune(storage, names)
     rows, entries = collect(storage, names, targets, options, device_name, buckets_of)
     db_path = None
     if entries and options.db_dir is not None:
-        from layoutgen.tuning_db import read_database, record, smallest_buckets
+        from layoutgen.tuning.recorded import smallest_buckets
+        from layoutgen.tuning_db import read_database, record
 
         db_path = record(Path(options.db_dir), device_name, capability, entries)
-        recorded = read_database(db_path).entries.values()
+        held = read_database(db_path).entries
+        recorded = held.values()
+        for entry in entries:
+            kept = held.get(entry.key.as_str())
+            if kept is not None and kept != entry:  # a later measured_at won the merge (a writer, or a clock ahead)
+                console.print(
+                    f"note: {entry.key.as_str()}: the database keeps its entry measured at {kept.measured_at}, later "
+                    f"than this run's {entry.measured_at}; a date in the future (a clock ahead, an edit) keeps it "
+                    "over every tuning until then: `layoutgen db check` names such entries",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
         for key, smallest in smallest_buckets(recorded, [entry.key for entry in entries]).items():
             # Dispatch's rule (`pick_bucket`) says nothing at run time; say it where the buckets are chosen.
             console.print(

@@ -84,7 +84,14 @@ def open_storage(url: str | None) -> Any:
 
     if url is not None and "://" in url:
         try:
-            return optuna.storages.RDBStorage(_with_installed_driver(url), engine_kwargs={"pool_pre_ping": True})
+            try:
+                return optuna.storages.RDBStorage(_with_installed_driver(url), engine_kwargs={"pool_pre_ping": True})
+            except Exception as error:
+                # Two tuners creating a fresh database's schema at once: one loses alembic's version row (an
+                # IntegrityError, 2 of 3 tries with two processes on a new sqlite file); the schema is there now.
+                if type(error).__name__ != "IntegrityError":
+                    raise
+                return optuna.storages.RDBStorage(_with_installed_driver(url), engine_kwargs={"pool_pre_ping": True})
         except Exception as error:  # SQLAlchemy's errors, many kinds: reported as one line naming the URL
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
             raise ValueError(
