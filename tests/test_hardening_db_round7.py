@@ -13,7 +13,7 @@ defect a reviewer hit, fixed.
 * A database whose device name differs from the running device's only where its file name cannot show it
   was ignored with advice to move it to the name it already had.
 * An interrupted `--retune`, run again, tuned again every study it had already re-tuned (a new generation
-  each); and an exhaustive study did not re-time the database's config as a TPE study does
+  each), and a later run without --retune recorded the decision a re-tune had replaced; and an exhaustive study did not re-time the database's config as a TPE study does
   (`test_tuning.py::test_a_retune_replaces_the_database_config_only_past_the_noise[...-exhaustive]`).
 """
 
@@ -146,7 +146,7 @@ def test_a_device_name_its_file_name_cannot_show_gets_the_right_advice(clean_dis
 def test_an_interrupted_retune_resumes_its_studies_and_an_ended_one_starts_fresh(tmp_path: Path) -> None:
     import optuna
 
-    from layoutgen.tuning.prepare import RETUNE_OPEN, end_retune, retune_study
+    from layoutgen.tuning.prepare import RETUNE_OPEN, end_retune, latest_decided_study, retune_study
     from layoutgen.tuning.storage import open_storage
 
     storage = open_storage(str(tmp_path / "studies.journal"))
@@ -167,3 +167,7 @@ def test_an_interrupted_retune_resumes_its_studies_and_an_ended_one_starts_fresh
     assert retune_study(storage, "s", decided=True) == "s|retune 2"
     study("t", final=True, open_=True)  # a --retune searched t itself (nothing was decided) and was interrupted
     assert retune_study(storage, "t", decided=True) == "t"
+    # A run without --retune reads the newest decision (it used to record the one the re-tune replaced).
+    study("s|retune 2", final=False)
+    assert latest_decided_study(storage, "s") == "s|retune 1"
+    assert latest_decided_study(storage, "t") == "t" and latest_decided_study(storage, "new") == "new"

@@ -121,10 +121,7 @@ def retune_study(storage: Any, name: str, decided: bool) -> str:
     or where an unended --retune searched it."""
 
     def attrs(study: str) -> dict[str, Any]:
-        try:
-            return dict(storage.get_study_user_attrs(storage.get_study_id_from_name(study)))
-        except KeyError:  # no such study yet
-            return {}
+        return _study_attrs(storage, study) or {}
 
     def taken(study: str) -> bool:
         found = attrs(study)
@@ -136,6 +133,25 @@ def retune_study(storage: Any, name: str, decided: bool) -> str:
     while taken(f"{name}|retune {generation}"):
         generation += 1
     return f"{name}|retune {generation}"
+
+
+def latest_decided_study(storage: Any, name: str) -> str:
+    """The newest of `name`, `name|retune 1`, ... that holds a decision (`name` where none does): what a run
+    without --retune reads and resumes, so that it records a re-tune's decision, not the one that re-tune replaced."""
+    latest, generation = name, 1
+    while (attrs := _study_attrs(storage, f"{name}|retune {generation}")) is not None:
+        if attrs.get("final"):
+            latest = f"{name}|retune {generation}"
+        generation += 1
+    return latest
+
+
+def _study_attrs(storage: Any, study: str) -> dict[str, Any] | None:
+    """A study's user attributes, None where the storage holds no such study."""
+    try:
+        return dict(storage.get_study_user_attrs(storage.get_study_id_from_name(study)))
+    except KeyError:
+        return None
 
 
 def end_retune(storage: Any, names: list[str]) -> None:

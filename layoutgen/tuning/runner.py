@@ -137,7 +137,7 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
     import optuna
 
     from layoutgen.tuning.context import device_identity
-    from layoutgen.tuning.prepare import end_retune, prepare_study, retune_study
+    from layoutgen.tuning.prepare import end_retune, latest_decided_study, prepare_study, retune_study
     from layoutgen.tuning.worker import run_worker
 
     if options.report:
@@ -177,15 +177,17 @@ def run(options: TuneOptions, console: Console) -> RunSummary:
                 markup=False,
             )
     storage = open_storage(options.storage)
-    if options.retune:
-        renamed = []
-        for target in targets:
-            for bucket in buckets_of(target):
-                name = study_name(device_name, target, bucket)
-                fresh = retune_study(storage, name, name in current)
-                if fresh != name:
-                    renamed.append((name, fresh))
-        options = dataclasses.replace(options, renamed=tuple(renamed))
+    renamed = []
+    for target in targets:
+        for bucket in buckets_of(target):
+            name = study_name(device_name, target, bucket)
+            # A --retune searches a fresh study (or resumes its own); a plain run reads the newest decision.
+            fresh = (
+                retune_study(storage, name, name in current) if options.retune else latest_decided_study(storage, name)
+            )
+            if fresh != name:
+                renamed.append((name, fresh))
+    options = dataclasses.replace(options, renamed=tuple(renamed))
     names = []
     skip = set(options.skip)
     with console.status(f"preparing {total} studies in {escape(describe_storage(options.storage))}"):
