@@ -226,3 +226,66 @@ def test_a_config_chosen_at_a_small_size_is_fitted_to_a_large_batch(
     for name, tensor in zip(want, got, strict=True):
         assert torch.equal(tensor.view(torch.uint8), want[name].view(torch.uint8)), name
     reset_caches()
+
+
+# --- diff, show's advice and spec messages (a review of DCP specs, show and diff) -----------------------------
+
+
+def write_spec(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\nsummary: x\ntransport: all_to_all_single\n{text}")
+    return path
+
+
+def test_diff_names_the_spec_fields_that_differ_where_the_bytes_only_match_at_this_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocks = write_spec(tmp_path, "blocks_of_16", "payload: {axes: [peer, batch, head, dim], dtype: float8_e4m3fn, scale_block: 16}\nstats: {placement: row_tail}\nalign_bytes: 16\n")  # fmt: skip
+    code, out, err = run_main(["diff", "pynccl_a2a_fp8", str(blocks)], capsys, monkeypatch, width=400)
+    out = " ".join(out.split())  # the drawing console folds lines at its own width
+    assert code == 0, err  # at the drawing's D 16 one block of 16 is one scale per row, as in the bundled spec
+    assert "At this shape and dtype the two layouts place every byte identically, but the specs differ in payload.scale_block" in out, out  # fmt: skip
+    code, out, err = run_main(["diff", "pynccl_a2a_fp8", str(blocks), "--json"], capsys, monkeypatch)
+    header = json.loads(out.split('"runs"')[0].rstrip().rstrip(",") + "}")
+    assert header["identical"] is True and header["differing_fields"] == ["payload.scale_block"], header
+    copy = write_spec(tmp_path, "same_as_fp8", "payload: {axes: [peer, batch, head, dim], dtype: float8_e4m3fn}\nstats: {placement: row_tail}\nalign_bytes: 16\n")  # fmt: skip
+    code, out, _ = run_main(["diff", "pynccl_a2a_fp8", str(copy)], capsys, monkeypatch, width=400)
+    out = " ".join(out.split())
+    assert code == 0 and "place every byte identically: a port needs no kernel change" in out, out
+
+
+def test_show_offers_padding_only_where_padding_gives_whole_16_byte_stores(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hint = "align_bytes: 32 pads rows to fix that"
+    code, out, _ = run_main(["show", "pynccl_a2a"], capsys, monkeypatch, width=1000)
+    out = " ".join(out.split())
+    assert code == 0 and hint in out  # D 16 in bf16: 32 bytes a row, whole vectors once rows are aligned
+    code, out, _ = run_main(["show", "pynccl_a2a", "--D", "12"], capsys, monkeypatch, width=1000)
+    out = " ".join(out.split())
+    assert code == 0 and hint not in out and "16-byte stores: no" in out, out  # 24 bytes: padding cannot help
+
+
+@pytest.mark.parametrize(
+    ("stats", "message"),
+    [
+        (
+            "{placement: separate, axes: [peer, batch, head, slot], slot: 1}",
+            "stats.slot: must be in [0, slots) = [0, 1), got 1 (slots not given: 1; add `slots: 2`)",
+        ),
+        (
+            "{placement: separate, axes: [peer, batch, head, slot], form: max_sum, max_slot: 1}",
+            "stats.max_slot: must differ from sum_slot (1): the max and the sum are two words; sum_slot is not given (default 1): add `sum_slot: 0`",
+        ),
+        (
+            "{placement: separate, axes: [peer, batch, head, slot], form: max_sum, sum_slot: 0}",
+            "stats.sum_slot: must differ from max_slot (0): the max and the sum are two words; max_slot is not given (default 0): add `max_slot: 1`",
+        ),
+    ],
+)
+def test_a_clash_with_a_default_names_the_default_and_the_fix(
+    stats: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = write_spec(tmp_path, "clash", f"payload: {{axes: [peer, batch, head, dim], dtype: input}}\nstats: {stats}\n")
+    code, _, err = run_main(["show", str(spec)], capsys, monkeypatch, width=1000)
+    assert code == 2 and message in " ".join(err.split()), err

@@ -345,7 +345,9 @@ def summary(spec: DcpSpec, values: Mapping[str, int], bmap: ByteMap, found: Fact
         verdict = "16-byte stores: yes"
     else:
         verdict = f"16-byte stores: no, at most {store}-byte stores cover every payload run exactly"
-        if dim_innermost and spec.row_tail and found.buffer("payload").row_align < WIDEST_STORE_BYTES:
+        payload_info = next(info for info in bmap.buffers if info.name == "payload")
+        whole_vectors = D * payload_info.elem_bytes % WIDEST_STORE_BYTES == 0  # else padding cannot help
+        if dim_innermost and spec.row_tail and found.buffer("payload").row_align < WIDEST_STORE_BYTES and whole_vectors:
             verdict += (
                 " (align_bytes: 32 pads rows to fix that; 16 would leave two partly written 32-byte sectors per row)"
             )

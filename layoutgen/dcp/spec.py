@@ -181,7 +181,8 @@ class StatsSpec(_Model):
             if not 1 <= slots <= 64:
                 raise FieldError("stats.slots", f"must be between 1 and 64, got {slots}")
             if not 0 <= slot < slots:
-                raise FieldError("stats.slot", f"must be in [0, slots) = [0, {slots}), got {slot}")
+                given = "" if self.slots is not None else f" (slots not given: 1; add `slots: {slot + 1}`)"
+                raise FieldError("stats.slot", f"must be in [0, slots) = [0, {slots}), got {slot}{given}")
             object.__setattr__(self, "slots", slots)
             object.__setattr__(self, "slot", slot)
             return self
@@ -198,10 +199,18 @@ class StatsSpec(_Model):
         sum_slot = 1 if self.sum_slot is None else self.sum_slot
         for field, value in (("max_slot", max_slot), ("sum_slot", sum_slot)):
             if not 0 <= value < slots:
-                raise FieldError(f"stats.{field}", f"must be in [0, slots) = [0, {slots}), got {value}")
+                given = "" if self.slots is not None else f" (slots not given: 2; add `slots: {value + 1}`)"
+                raise FieldError(f"stats.{field}", f"must be in [0, slots) = [0, {slots}), got {value}{given}")
         if max_slot == sum_slot:
+            # Blame the field the spec wrote: a clash with the other field's default is fixed by writing that one.
+            if self.sum_slot is None:
+                field, other, note = "max_slot", "sum_slot", "; sum_slot is not given (default 1): add `sum_slot: 0`"
+            else:
+                field, other, note = "sum_slot", "max_slot", ""
+                if self.max_slot is None:
+                    note = f"; max_slot is not given (default 0): add `max_slot: {1 if sum_slot == 0 else 0}`"
             raise FieldError(
-                "stats.sum_slot", f"must differ from max_slot ({max_slot}): the max and the sum are two words"
+                f"stats.{field}", f"must differ from {other} ({max_slot}): the max and the sum are two words{note}"
             )
         object.__setattr__(self, "slots", slots)
         object.__setattr__(self, "max_slot", max_slot)

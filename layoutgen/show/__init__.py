@@ -10,6 +10,7 @@ element land in two layouts of one family.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,7 +55,20 @@ def diff_layouts(spec_a: Any, spec_b: Any, shape: Mapping[str, int], dtype: str)
     """Where each logical element lands in `spec_a` and in `spec_b` (two specs of one family) at one shape."""
     if spec_a.family != spec_b.family:
         raise ValueError(f"{spec_a.name} is a {spec_a.family} spec and {spec_b.name} a {spec_b.family} spec")
-    return diff_byte_layouts(byte_layout(spec_a, shape, dtype), byte_layout(spec_b, shape, dtype))
+    found = diff_byte_layouts(byte_layout(spec_a, shape, dtype), byte_layout(spec_b, shape, dtype))
+    return dataclasses.replace(found, differing_fields=differing_fields(spec_a, spec_b))
+
+
+def differing_fields(spec_a: Any, spec_b: Any) -> tuple[str, ...]:
+    """The dotted spec fields whose values differ, the name and the summary aside."""
+
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(value, dict):
+            return {key: leaf for name, item in value.items() for key, leaf in flat(item, f"{prefix}{name}.").items()}
+        return {prefix.rstrip("."): value}
+
+    a, b = (flat(spec.model_dump(mode="json", exclude={"name", "summary"})) for spec in (spec_a, spec_b))
+    return tuple(sorted(key for key in a.keys() | b.keys() if a.get(key) != b.get(key)))
 
 
 __all__ = [

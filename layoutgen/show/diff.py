@@ -63,6 +63,9 @@ class LayoutDiff:
     #: The kinds not compared, in words ("" when every kind is): kinds only one layout holds, or holds with
     #: other axes or extents.
     not_compared: str = ""
+    #: The spec fields (dotted, name and summary aside) whose values differ: layouts identical at this shape can
+    #: still differ at another shape or dtype (a scale block, a row alignment, a wire dtype).
+    differing_fields: tuple[str, ...] = ()
 
     @property
     def identical(self) -> bool:
@@ -213,7 +216,13 @@ def diff_renderable(diff: LayoutDiff, runs: bool = False) -> RenderableType:
 
 def diff_summary(diff: LayoutDiff, runs: bool = True) -> str:
     counts = diff.counts()
-    if diff.identical:
+    if diff.identical and diff.differing_fields:
+        verdict = (
+            "At this shape and dtype the two layouts place every byte identically, but the specs differ in "
+            f"{', '.join(diff.differing_fields)}: other shapes or dtypes can place bytes differently (try another "
+            "--shape or --dtype)."
+        )
+    elif diff.identical:
         verdict = "The two layouts place every byte identically: a port needs no kernel change."
     else:
         where = (
@@ -235,6 +244,7 @@ def diff_to_json(diff: LayoutDiff) -> str:
         "b": diff.layout_b.name,
         "shape": dict(diff.layout_a.shape_json),
         "identical": diff.identical,
+        "differing_fields": list(diff.differing_fields),
         "same_place": diff.same_place,
         "not_compared": diff.not_compared,
     }
