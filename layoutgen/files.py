@@ -181,16 +181,28 @@ def replace_atomically(path: Path, content: str | bytes, mode: int | None = None
         raise
 
 
+def missing_directories(directory: Path) -> list[Path]:
+    """`directory` and its ancestors that do not exist (no entry at all, not even a link), innermost first; the
+    parent of the last is the nearest that does."""
+    missing = []
+    while not os.path.lexists(directory) and directory.parent != directory:
+        missing.append(directory)
+        directory = directory.parent
+    return missing
+
+
+def nearest_existing(directory: Path) -> Path:
+    """`directory`, or its nearest ancestor that exists."""
+    missing = missing_directories(directory)
+    return missing[-1].parent if missing else directory
+
+
 @contextlib.contextmanager
 def directories_for(path: Path) -> Iterator[None]:
     """Create `path`'s missing directories for a write in the block; when the block fails, remove again those
     it created (innermost first, only while empty: another writer's file keeps its directory), so a failed
     write leaves no empty directories behind."""
-    missing = []
-    directory = path.parent
-    while not os.path.lexists(directory) and directory.parent != directory:
-        missing.append(directory)
-        directory = directory.parent
+    missing = missing_directories(path.parent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield

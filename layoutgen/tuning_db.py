@@ -404,9 +404,10 @@ def record(
             entries=merge_entries(old_entries, entries),
         )
         text = database.to_json()
-        if len(text.encode("utf-8")) > MAX_DATABASE_BYTES:  # every reader would refuse the file, and its entries
+        size = len(text.encode("utf-8"))
+        if size > MAX_DATABASE_BYTES:  # every reader would refuse the file, and its entries
             raise DatabaseError(
-                f"tuning database {path} would grow to {len(text.encode('utf-8'))} bytes with these "
+                f"tuning database {path} would grow to {size} bytes with these "
                 f"{len(entries)} entries, past the {MAX_DATABASE_BYTES} bytes a database is read up to; it is "
                 "left as it is: record into another --db directory, or prune this one (`layoutgen db prune`)"
             )

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from layoutgen.cli.common import bad_input
-from layoutgen.files import regular_file_problem
+from layoutgen.files import nearest_existing, regular_file_problem
 
 #: The longest file or directory name ext4, xfs, btrfs and tmpfs take, in bytes.
 NAME_MAX = 255
@@ -31,9 +31,7 @@ def check_directory_path(directory: Path, what: str) -> Path:
     """`directory` is a directory or can be made one (nothing but directories on its way, no link to nothing);
     its nearest existing part."""
     check_name_lengths(directory, what)
-    existing = directory
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
+    existing = nearest_existing(directory)
     try:
         exists, is_directory = existing.exists(), existing.is_dir()
     except OSError as error:

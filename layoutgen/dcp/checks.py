@@ -13,6 +13,7 @@ import torch
 
 from layoutgen.dcp.layout import LayoutBuffers, buffer_shapes
 from layoutgen.dcp.spec import DcpSpec
+from layoutgen.runtime.tensors import INT32_LIMIT as _INT32_LIMIT  # a module global: tests lower it
 from layoutgen.runtime.tensors import as_int, describe, overlap, overlap_relation, overlaps_itself, type_name
 
 
@@ -248,10 +249,6 @@ def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any
                 )
         check_out_offsets(out)
     return B
-
-
-#: Where 32-bit element offsets end: the combine kernels widen only the batch index to 64 bits.
-_INT32_LIMIT = 2**31
 
 
 def check_out_offsets(out: torch.Tensor) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from layoutgen.config import LaunchConfig
 
-_INT32_LIMIT = 2**31
+INT32_LIMIT = 2**31
 
 
 def describe(tensor: torch.Tensor) -> str:
@@ -280,7 +280,7 @@ class OverlapGuard:
 
 def needs_int64(*tensors: torch.Tensor) -> bool:
     """Whether some element offset of these tensors does not fit the kernels' int32 index arithmetic."""
-    return any(_max_offset(t) >= _INT32_LIMIT or t.numel() >= _INT32_LIMIT for t in tensors)
+    return any(_max_offset(t) >= INT32_LIMIT or t.numel() >= INT32_LIMIT for t in tensors)
 
 
 def check_runnable(kernel: Any, *tensors: torch.Tensor) -> None:

@@ -120,14 +120,12 @@ def retune_study(storage: Any, name: str, decided: bool) -> str:
     trials, and deleting the study would pull it from under them).  `name` itself where nothing is decided yet,
     or where an unended --retune searched it."""
 
-    def attrs(study: str) -> dict[str, Any]:
-        return _study_attrs(storage, study) or {}
-
     def taken(study: str) -> bool:
-        found = attrs(study)
+        found = _study_attrs(storage, study) or {}
         return bool(found.get("final")) and not found.get(RETUNE_OPEN)
 
-    if (not decided and not attrs(name).get("final")) or attrs(name).get(RETUNE_OPEN):
+    own = _study_attrs(storage, name) or {}
+    if (not decided and not own.get("final")) or own.get(RETUNE_OPEN):
         return name
     generation = 1
     while taken(f"{name}|retune {generation}"):

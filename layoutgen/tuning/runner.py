@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from layoutgen.files import directories_for, regular_file_problem, replace_atomically
+from layoutgen.files import directories_for, nearest_existing, regular_file_problem, replace_atomically
 from layoutgen.signals import sigterm_interrupts, terminated_by_sigterm
 from layoutgen.tuning.compile import child_environment
 from layoutgen.tuning.plan import (
@@ -115,9 +115,7 @@ def check_report_path(report: Path) -> None:
     problem = regular_file_problem(report) if os.path.lexists(report) else "no such file"
     if problem is not None and problem != "no such file":
         raise ValueError(f"--report {report} {problem}; pass the path of a markdown file to write")
-    existing = report.parent
-    while not os.path.lexists(existing) and existing.parent != existing:
-        existing = existing.parent
+    existing = nearest_existing(report.parent)
     try:
         if problem is None:
             # Opened for appending and closed: nothing is truncated before the run has a report to write.
