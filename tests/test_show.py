@@ -291,6 +291,34 @@ def test_png_is_written(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["map.png"]  # no temporary file left behind
 
 
+@pytest.mark.parametrize(
+    ("spec_name", "shape"),
+    [("flashinfer_mnnvl", SHAPES[0][0]), ("vllm_a2a_fp8", {"N": 16, "B": 1, "H": 16, "D": 16})],
+    ids=["one-legend-row", "three-legend-rows"],
+)
+def test_png_legend_and_title_clear_the_panels(spec_name: str, shape: dict[str, int]) -> None:
+    # 16 peers and 4 kinds fill three legend rows: before, the legend covered the last panel's axis label and
+    # ran off the figure's bottom edge, and the title sat on the first panel's.
+    pytest.importorskip("matplotlib", reason="the PNG needs the optional dependency layoutgen[plot]")
+    import matplotlib.pyplot as plt
+
+    from layoutgen.show.png import draw
+
+    fig = draw(byte_map(bundled_specs()[spec_name], shape, "bfloat16"))
+    try:
+        renderer = fig.canvas.get_renderer()
+        (legend,) = fig.legends
+        legend_box = legend.get_window_extent(renderer)
+        title_box = fig._suptitle.get_window_extent(renderer)
+        panel_boxes = [ax.get_tightbbox(renderer) for ax in fig.axes]
+        assert legend_box.y0 >= 0 and legend_box.x0 >= 0 and legend_box.x1 <= fig.bbox.x1
+        assert title_box.y1 <= fig.bbox.y1
+        assert legend_box.y1 <= min(box.y0 for box in panel_boxes)
+        assert title_box.y0 >= max(box.y1 for box in panel_boxes)
+    finally:
+        plt.close(fig)
+
+
 @pytest.fixture
 def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     """`layoutgen ARGS` through the real entry point: (exit code, stdout, stderr)."""

@@ -415,6 +415,33 @@ def test_a_study_decided_on_fewer_trials_than_asked_is_searched_further(
 
 
 @requires_interpreter
+def test_a_time_budget_that_runs_out_is_said_in_the_tables_and_the_report(tmp_path: Path) -> None:
+    # A budget gone before the first trial: each study keeps the default, and the tables say the search was
+    # cut (n of m trials), where before they showed the trials like a finished search's.
+    report = tmp_path / "report.md"
+    short = tiny_options(tmp_path, time_budget_s=1e-9, report=str(report))
+    output = io.StringIO()
+    summary = runner.run(short, Console(file=output, width=200))
+    assert [(row.bucket, row.trials, row.budget, row.cut_short) for row in summary.rows] == [
+        (1, 0, 4, True),
+        (3, 0, 4, True),
+    ]
+    assert all(row.chosen == "default" for row in summary.rows)
+    assert "ex 0/4*" in output.getvalue() and "tpe 0/4*" in output.getvalue()
+    assert report_legend_in(output.getvalue()) and report_legend_in(report.read_text())
+
+    # With the time to finish, the same command searches both to their budget, and nothing is said.
+    output = io.StringIO()
+    summary = runner.run(dataclasses.replace(short, time_budget_s=None), Console(file=output, width=200))
+    assert [(row.trials, row.cut_short) for row in summary.rows] == [(4, False), (4, False)]
+    assert not report_legend_in(output.getvalue()) and not report_legend_in(report.read_text())
+
+
+def report_legend_in(text: str) -> bool:
+    return "the --time-budget ran out after n of m trials" in text
+
+
+@requires_interpreter
 def test_a_rerun_without_the_study_storage_skips_what_the_database_holds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,10 @@ def _legend_style(look: Look, colour: tuple[float, ...]) -> dict[str, Any]:
 #: 512 (deepspeed_ulysses --seq 64) took 9.4 s and 0.47 GB for 1210 x 13934 pixels, 3200 (--seq 400) 2 minutes
 #: and 1.2 GB for 1210 x 84898, both under the text drawing's byte limit (CI-like CPU, matplotlib Agg).
 MAX_PNG_LINES = 512
+#: Legend entries per row under the panels, and the height one row of them takes.
+LEGEND_COLUMNS = 8
+LEGEND_ROW_INCHES = 0.22
+PNG_DPI = 110
 
 
 def png_lines(bmap: ByteMap) -> int:
@@ -82,6 +87,20 @@ def check_png_size(bmap: ByteMap, hint: str) -> None:
 def write_png(bmap: ByteMap, path: Path) -> int:
     """Draw the byte map with matplotlib (Agg) into `path`, atomically; return the file's size in bytes."""
     plt = _pyplot()
+    fig = draw(bmap)
+    image = io.BytesIO()
+    try:
+        fig.savefig(image, format="png", dpi=PNG_DPI)
+    finally:
+        plt.close(fig)
+    with directories_for(Path(path)):
+        replace_atomically(Path(path), image.getvalue())
+    return Path(path).stat().st_size
+
+
+def draw(bmap: ByteMap) -> Any:
+    """The byte map's matplotlib figure (Agg); the caller closes it."""
+    plt = _pyplot()
     from matplotlib.patches import Patch, Rectangle
 
     layout = bmap.layout
@@ -89,8 +108,16 @@ def write_png(bmap: ByteMap, path: Path) -> int:
     line_counts = [info.nbytes // size for info, _, size in panels]
     fig_width, line_height = 11.0, 0.24
     heights = [max(count, 2) * line_height + 0.6 for count in line_counts]
+    legend_rows = math.ceil((bmap.colour_count + len(layout.legend.entries)) / LEGEND_COLUMNS)
+    # Constrained layout places the title and the legend outside the panels (tight_layout left a legend of
+    # more than one row over the last panel's axis label, and the title over the first panel's).
     fig, axes = plt.subplots(
-        len(panels), 1, figsize=(fig_width, sum(heights) + 1.4), gridspec_kw={"height_ratios": heights}, squeeze=False
+        len(panels),
+        1,
+        figsize=(fig_width, sum(heights) + 0.8 + LEGEND_ROW_INCHES * legend_rows),
+        gridspec_kw={"height_ratios": heights},
+        squeeze=False,
+        layout="constrained",
     )
     colours = [tuple(rgba[:3]) for rgba in plt.get_cmap("tab10")(range(10))]
     for ax, (info, first_axis, size), count in zip(axes[:, 0], panels, line_counts, strict=True):
@@ -129,16 +156,7 @@ def write_png(bmap: ByteMap, path: Path) -> int:
         Patch(**_legend_style(layout.kind(entry.kind).look, colours[0]), label=entry.picture_label)
         for entry in layout.legend.entries
     ]
-    fig.legend(
-        handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=7, frameon=False, borderaxespad=0.3
-    )
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), LEGEND_COLUMNS), fontsize=7,
+               frameon=False)  # fmt: skip
     fig.suptitle(f"{layout.name}: {layout.shape_text}", fontsize=9)
-    fig.tight_layout(rect=(0, 0.3 / (sum(heights) + 1.4), 1, 1))
-    image = io.BytesIO()
-    try:
-        fig.savefig(image, format="png", dpi=110)
-    finally:
-        plt.close(fig)
-    with directories_for(Path(path)):
-        replace_atomically(Path(path), image.getvalue())
-    return Path(path).stat().st_size
+    return fig

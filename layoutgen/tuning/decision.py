@@ -64,6 +64,9 @@ def decide(search: BucketSearch) -> dict[str, Any]:
         if gated_here == "gate_failed":
             wrong.append((default.as_dict(), default_problem))
     final["gate_failed"] = len(wrong)
+    if search.out_of_time() and final["trials"] < search.budget:
+        # Said in the tables: the decision stands, but a run with more time searches this study further.
+        final["cut_short"] = True
     finalists = _finalists(search, measured, default)
     incumbent = _database_config(search, measured, default)
     timer, states, estimate = search.ctx.timer, workload.states, workload.estimated_us

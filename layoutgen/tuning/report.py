@@ -37,6 +37,10 @@ class ResultRow:
     finished: bool = True
     #: How many configs computed a wrong result: a kernel wrong for any config has nothing recorded.
     wrong_results: int = 0
+    #: The trials the study would have measured (its space's size when exhaustive).
+    budget: int = 0
+    #: Whether the run's --time-budget ran out before `budget` trials were measured.
+    cut_short: bool = False
 
     @property
     def shape(self) -> str:
@@ -85,6 +89,8 @@ class ResultRow:
             reason=str(final.get("reason", "not finished: re-run the same command to resume")),
             finished=finished,
             wrong_results=int(final.get("gate_failed") or 0),
+            budget=int(meta["budget"]),
+            cut_short=bool(final.get("cut_short")),
         )
 
 
@@ -113,6 +119,8 @@ INTERPRETER_NOTE = (
     "The run tried the pipeline (compile, gate, search, decision), not what is fast.",
 )
 SEARCH_LEGEND = "search: ex = exhaustive, tpe = Optuna TPE, then the trials measured"
+#: Added to the legend where a study's search was cut short (`ResultRow.cut_short`).
+CUT_SHORT_LEGEND = "n/m*: the --time-budget ran out after n of m trials; run again to search further"
 
 
 def _number(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -126,7 +134,8 @@ def row_cells(row: ResultRow) -> dict[str, str]:
         "shape": row.shape,
         "dtype": row.dtype,
         "size": f"{row.bucket_name}={row.bucket}",
-        "search": f"{'ex' if row.mode == 'exhaustive' else row.mode} {row.trials}",
+        "search": f"{'ex' if row.mode == 'exhaustive' else row.mode} {row.trials}"
+        + (f"/{row.budget}*" if row.cut_short else ""),
         "default µs": _number(row.default_us),
         "tuned µs": _number(row.median_us),
         "speed-up": _number(row.speedup, 2, "x"),
@@ -190,6 +199,8 @@ def result_lines(rows: list[ResultRow], title_suffix: str = "", *, timed: bool =
             lines.append(line)
     if rows:
         lines.append(SEARCH_LEGEND)
+    if any(row.cut_short for row in rows):
+        lines.append(CUT_SHORT_LEGEND)
     return lines
 
 
@@ -219,7 +230,8 @@ def summary_lines(rows: list[ResultRow], *, timed: bool = True) -> list[str]:
 def markdown(rows: list[ResultRow], header: list[str], *, timed: bool = True) -> str:
     columns = COLUMNS if timed else UNTIMED_COLUMNS
     notes = [] if timed else [" ".join(INTERPRETER_NOTE), ""]
-    lines = [*header, "", *notes, *(f"* {line}" for line in summary_lines(rows, timed=timed)), ""]
+    legend = [f"{CUT_SHORT_LEGEND}.", ""] if any(row.cut_short for row in rows) else []
+    lines = [*header, "", *notes, *(f"* {line}" for line in summary_lines(rows, timed=timed)), "", *legend]
     for spec, spec_rows in by_spec(rows).items():
         lines += [f"## {spec}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(row_cells(row)[name] for name in columns) + " |" for row in spec_rows]

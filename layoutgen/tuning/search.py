@@ -123,10 +123,14 @@ class BucketSearch:
     def is_final(self) -> bool:
         return bool(self.study.user_attrs.get("final"))
 
+    def out_of_time(self) -> bool:
+        """Whether the run's --time-budget share for this study's family has run out."""
+        return self.deadline is not None and time.monotonic() > self.deadline
+
     def room(self, trials: list[FrozenTrial]) -> int:
         """How many more trials may be asked now: the enqueued configs of an exhaustive study, the budget
         left after evaluated and running trials (any worker's) of a TPE study."""
-        if self.idle_asks >= MAX_IDLE_ASKS or (self.deadline is not None and time.monotonic() > self.deadline):
+        if self.idle_asks >= MAX_IDLE_ASKS or self.out_of_time():
             return 0
         if self.exhaustive:
             return sum(1 for t in trials if t.state == TrialState.WAITING)
