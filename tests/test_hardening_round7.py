@@ -3,7 +3,7 @@ hit, fixed.  Kernel cases run under the Triton interpreter; torch.compile cases 
 
 * `combine(out=view)` whose last head (or dim) lies 2**31 elements or more past its first: the kernels
   compute those offsets in 32 bits, so the rows wrapped and landed gigabytes before `out`, and `out` kept its
-  old values.  Such an `out` is refused now, naming the stride.
+  old values.  Such an `out` was refused first; now the kernel writes a contiguous stage copied into it.
 * Under torch.compile, pack unpacked `max_sum` and read `bufs` before any check: a stacked [2, B, H] tensor
   passed for a pair, and a 3-tuple or `bufs=None` failed in Dynamo's words.
 * `scale=10**400` raised a bare OverflowError instead of the documented ValueError.
@@ -42,7 +42,7 @@ def packed(spec_name: str = "pynccl_a2a") -> tuple[Any, Any]:
 
 
 @pytest.mark.parametrize(
-    ("shape", "strides", "refused"),
+    ("shape", "strides", "wide"),
     [
         ((1, 3, 16), (16, 2**30 + 2**20, 1), "head"),  # 2 x stride passes 2**31; the stride itself does not
         ((2, 2, 16), (16, 2**30, 1), None),  # the last head at 2**30
@@ -50,33 +50,41 @@ def packed(spec_name: str = "pynccl_a2a") -> tuple[Any, Any]:
         ((1, 2, 4), (1, 8, 2**30), "dim"),  # 3 x 2**30
     ],
 )
-def test_combine_out_offsets_that_pass_32_bits_are_refused(
-    shape: tuple[int, ...], strides: tuple[int, ...], refused: str | None
+def test_combine_out_offsets_that_pass_32_bits_are_found(
+    shape: tuple[int, ...], strides: tuple[int, ...], wide: str | None
 ) -> None:
     out = torch.empty_strided(shape, strides, dtype=torch.bfloat16, device="meta")  # no storage behind it
-    if refused is None:
-        checks.check_out_offsets(out)
-        return
-    with pytest.raises(ValueError, match=rf"out's {refused} stride {strides[1 if refused == 'head' else 2]} .*32-bit"):
-        checks.check_out_offsets(out)
+    assert checks.wide_out_offsets(out) is (wide is not None)
 
 
+@pytest.mark.parametrize("return_lse", [False, True])
 @pytest.mark.parametrize("axis", ["head", "dim"])
-def test_combine_refuses_such_an_out_before_writing_it(axis: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The real limit needs an 8 GiB view; a limit of 64 elements puts a small view past it.
-    monkeypatch.setattr(checks, "_INT32_LIMIT", 64)
+def test_combine_writes_such_an_out_through_a_stage(
+    axis: str, return_lse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The real limit needs an 8 GiB view; a limit of 128 elements puts a small view past it.
+    monkeypatch.setattr(checks, "_INT32_LIMIT", 128)
     module, bufs = packed()
     heads = H // N
-    if axis == "head":  # heads outermost: head stride B * D = 48, the last head at 144
-        out = torch.full((heads, B, D), CANARY, dtype=torch.bfloat16).transpose(0, 1)
-    else:  # dim outermost: dim stride B * heads = 12, the last dim at 180
-        out = torch.full((D, B, heads), CANARY, dtype=torch.bfloat16).permute(1, 2, 0)
-    with pytest.raises(ValueError, match=rf"out's {axis} stride .*combine's {axis} offsets are 32-bit"):
-        module.combine(bufs, B, out=out)
-    assert bool((out == CANARY).all()), "the refused out was written"
+    if axis == "head":  # heads outermost: head stride (B + 1) * D = 64, the last head at 192
+        storage = torch.full((heads, B + 1, D), CANARY, dtype=torch.bfloat16)
+        out = storage[:, :B].transpose(0, 1)
+    else:  # dim outermost: dim stride (B + 1) * heads = 16, the last dim at 240
+        storage = torch.full((D, B + 1, heads), CANARY, dtype=torch.bfloat16)
+        out = storage[:, :B].permute(1, 2, 0)
+    fresh, fresh_lse = module.combine(bufs, B, return_lse=return_lse)
+    for _ in range(2):  # planned, then from the plan
+        out.fill_(CANARY)
+        written, lse = module.combine(bufs, B, out=out, return_lse=return_lse)
+        assert written is out
+        assert torch.equal(out.contiguous().view(torch.uint8), fresh.view(torch.uint8)), "the staged out differs"
+        assert (lse is None) is (not return_lse) and (lse is None or torch.equal(lse, fresh_lse))
+    assert module._dispatch.combine_plan(bufs, B, "e", out, return_lse, None).staged
+    spare_row = storage[:, B]  # the row of the storage outside the view
+    assert bool((spare_row == CANARY).all()), "bytes outside out were written"
     contiguous = torch.full((B, heads, D), CANARY, dtype=torch.bfloat16)  # last head at 48, last dim at 15
     module.combine(bufs, B, out=contiguous)
-    fresh, _ = module.combine(bufs, B)
+    assert not module._dispatch.combine_plan(bufs, B, "e", contiguous, False, None).staged
     assert torch.equal(contiguous.view(torch.uint8), fresh.view(torch.uint8)), "combine into out differs from its own"
 
 

@@ -247,21 +247,12 @@ def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any
                     f"out must not overlap the buffers it reads: it {overlap_relation(out, tensor)} bufs.tensors[{name!r}] "
                     f"({describe(tensor)}); got {describe(out)}. Pass a separate tensor, or out=None"
                 )
-        check_out_offsets(out)
     return B
 
 
-def check_out_offsets(out: torch.Tensor) -> None:
-    """combine writes `out` at batch * stride(0) + head * stride(1) + dim * stride(2), the batch term in 64 bits
-    where needed and the head and dim terms in 32 (each a 32-bit index times a stride that fits 32 bits), so a
-    view whose last head or dim lies 2**31 or more elements past its first would wrap and be written outside
-    `out`."""
-    for axis, name in ((1, "head"), (2, "dim")):
-        stride, last = out.stride(axis), out.shape[axis] - 1
-        if stride < _INT32_LIMIT and last * stride >= _INT32_LIMIT:
-            raise ValueError(
-                f"out's {name} stride {stride} puts its last {name} ({last}) {last * stride} elements past the "
-                f"first, and combine's {name} offsets are 32-bit (below 2**31 = {_INT32_LIMIT}; batch offsets are "
-                f"64-bit): pass an out whose {name} offsets stay below 2**31 (e.g. a contiguous tensor, then copy "
-                f"it into place); got {describe(out)}"
-            )
+def wide_out_offsets(out: torch.Tensor) -> bool:
+    """Whether combine's kernel cannot write `out` in place: it writes at batch * stride(0) + head * stride(1) +
+    dim * stride(2), the batch term in 64 bits where needed and the head and dim terms in 32 (each a 32-bit
+    index times a stride that fits 32 bits), so a view whose last head or dim lies 2**31 or more elements past
+    its first would wrap and be written outside `out`.  Such an `out` is written through a contiguous stage."""
+    return any(out.stride(axis) < _INT32_LIMIT <= (out.shape[axis] - 1) * out.stride(axis) for axis in (1, 2))

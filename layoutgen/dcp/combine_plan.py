@@ -53,7 +53,8 @@ def plan_combine(
         bufs.dtype,
         bufs.device,
         scale_value,
-        None if out is None else OverlapGuard.of(bufs.tensors.values(), (out,), disjoint=False),
+        staged=out is not None and checks.wide_out_offsets(out),
+        guard=None if out is None else OverlapGuard.of(bufs.tensors.values(), (out,), disjoint=False),
     )
     plans_of(bufs)[combine_key(owner, B, lse_base, out, return_lse, config, scale)] = plan
     return plan
@@ -61,6 +62,18 @@ def plan_combine(
 
 def launch(owner: Any, plan: CombinePlan, bufs: Any, out: torch.Tensor, out_lse: torch.Tensor | None) -> None:
     """Replay the recorded launch, recording it the first time on a GPU."""
+    if plan.staged:
+        # Widening the kernel's head and dim offsets to 64 bits would change its source hash, and with it every
+        # tuned combine entry on every card; a view that needs it (over 8 GiB of bf16 between its first and last
+        # head) pays one copy instead.
+        stage = torch.empty(plan.out_shape, dtype=plan.dtype, device=plan.device)
+        _launch(owner, plan, bufs, stage, out_lse)
+        out.copy_(stage)
+        return
+    _launch(owner, plan, bufs, out, out_lse)
+
+
+def _launch(owner: Any, plan: CombinePlan, bufs: Any, out: torch.Tensor, out_lse: torch.Tensor | None) -> None:
     direct = plan.direct
     if direct is not None:
         direct((*bufs.tensors.values(), out, out_lse))

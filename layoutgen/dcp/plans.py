@@ -55,6 +55,9 @@ class CombinePlan:
     dtype: torch.dtype
     device: torch.device
     scale: float = 1.0
+    # Whether the kernel writes a contiguous stage that is then copied into the caller's `out`, whose head or dim
+    # offsets pass the kernel's 32 bits (`checks.wide_out_offsets`).
+    staged: bool = False
     # The overlap check of a caller's `out` against the buffers combine reads, for later calls (its geometry is
     # in the plan key, its address is not); None for a combine that allocates its output.
     guard: OverlapGuard | None = None
