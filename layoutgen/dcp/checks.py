@@ -14,7 +14,15 @@ import torch
 from layoutgen.dcp.layout import LayoutBuffers, buffer_shapes
 from layoutgen.dcp.spec import DcpSpec
 from layoutgen.runtime.tensors import INT32_LIMIT as _INT32_LIMIT  # a module global: tests lower it
-from layoutgen.runtime.tensors import as_int, describe, overlap, overlap_relation, overlaps_itself, type_name
+from layoutgen.runtime.tensors import (
+    as_int,
+    check_plain,
+    describe,
+    overlap,
+    overlap_relation,
+    overlaps_itself,
+    type_name,
+)
 
 
 def check_buffers(spec: DcpSpec, bufs: Any, label: str = "bufs") -> LayoutBuffers:
@@ -83,6 +91,22 @@ def check_max_sum_pair(max_sum: Any, stats_shape: str = "[B, H] (out's leading s
     return pair
 
 
+def check_pack_types(out: Any, lse: Any, empty: Any, pair: tuple[Any, Any] | None) -> None:
+    """What the pack op's schema takes, checked while torch.compile traces a call (TypeError in pack's words,
+    not the schema's): tensors, and None for the optional ones.  The op checks the rest when it runs, where its
+    errors keep their type (raised while tracing, Dynamo reports them as its own)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            f"out must be a torch.Tensor [B, H, D], got {type(out).__name__} ([R, T, H, D]: T tokens per request)"
+        )
+    for label, tensor in (("lse", lse), ("empty", empty)):
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{label} must be None or a torch.Tensor, got {type(tensor).__name__}")
+    for label, tensor in zip(("max_sum[0] (max)", "max_sum[1] (sum)"), pair or (), strict=False):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{label} must be a torch.Tensor of float32, got {type(tensor).__name__}")
+
+
 def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = None, max_sum: Any = None) -> int:
     """Validate pack's arguments; return the number of rows B (R * T for a 4-D `out`)."""
     bufs = check_pack_buffers(spec, lse, bufs)
@@ -91,6 +115,7 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
         raise TypeError(
             f"out must be a torch.Tensor [B, H, D], got {type(out).__name__} ([R, T, H, D]: T tokens per request)"
         )
+    check_plain("out", out)
     if out.dim() not in (3, 4) or out.shape[-2] != H or out.shape[-1] != D:
         raise ValueError(
             f"out must have shape [B, H={H}, D={D}] (B <= {bufs.B_max}); got {describe(out)} (or [R, T, H={H}, D={D}] "
@@ -124,6 +149,7 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
         if not isinstance(tensor, torch.Tensor):
             kind = "[B, H]" if len(lead) == 1 else "[R, T, H]"
             raise TypeError(f"{label} must be a torch.Tensor {kind} of float32, got {type(tensor).__name__}")
+        check_plain(label.split(" ")[0], tensor)
         if tuple(tensor.shape) != want:
             raise ValueError(f"{label} must have shape {stats_shape}; got {describe(tensor)}")
         if tensor.dtype != torch.float32:
@@ -131,6 +157,7 @@ def check_pack_args(spec: DcpSpec, out: Any, lse: Any, bufs: Any, empty: Any = N
     if empty is not None:
         if not isinstance(empty, torch.Tensor):
             raise TypeError(f"empty must be None or a torch.bool tensor [{lead[0]}], got {type(empty).__name__}")
+        check_plain("empty", empty)
         if empty.dtype != torch.bool:
             raise TypeError(
                 f"empty must be a torch.bool tensor [R={lead[0]}] (True: nothing on this rank); got {describe(empty)}"
@@ -232,6 +259,7 @@ def check_combine_args(spec: DcpSpec, bufs: Any, B: Any, lse_base: Any, out: Any
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+        check_plain("out", out)
         if tuple(out.shape) != out_shape or out.dtype != bufs.dtype or out.device != bufs.device:
             raise ValueError(
                 f"out must have shape {list(out_shape)}, dtype {bufs.dtype}, device {bufs.device}; got {describe(out)}"

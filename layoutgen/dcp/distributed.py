@@ -26,7 +26,7 @@ from layoutgen.dcp.exchange_inputs import check_call_inputs
 from layoutgen.dcp.layout import INPUT_DTYPES, LayoutBuffers, Shape
 from layoutgen.dcp.plans import remember_buffers
 from layoutgen.dcp.spec import Transport
-from layoutgen.runtime.exchange import ExchangeFn, check_exchange_fn, refuse_unprepared_size
+from layoutgen.runtime.exchange import ExchangeFn, call_exchange_fn, check_exchange_fn, refuse_unprepared_size
 from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
 from layoutgen.runtime.tensors import as_int, describe, overlap, positive_int, required_device
 
@@ -53,8 +53,8 @@ class DcpExchange:
         dtype, device: of ``out``; the buffers live on ``device``.
         lse_base: ``"e"`` or ``"2"``, the base of the LSEs the attention kernel produced.
         exchange_fn: the transport, ``exchange_fn(send_tensors, recv_tensors)`` over dicts of buffer
-            name -> tensor (views of the static buffers, dense in the spec's layout at the call's B).
-            Required for ``external`` specs, in a group of one too (see `flashinfer_mnnvl_exchange`); for
+            name -> tensor (views of the static buffers, dense in the spec's layout at the call's B): it writes
+            into the receive views (``recv_tensors[name].copy_(...)``; replacing one is refused). Required for ``external`` specs, in a group of one too (see `flashinfer_mnnvl_exchange`); for
             ``all_to_all_single`` specs it replaces the default one ``all_to_all_single`` per buffer.
 
     ``exchange(out [B, H, D], lse [B, H])`` returns this rank's merged ``[B, H/N, D]`` (and its LSE
@@ -63,7 +63,9 @@ class DcpExchange:
     takes (max, sum) statistics instead of ``lse``, ``scale=`` multiplies the merged output (see the
     generated module's ``pack`` and ``combine``). Every rank must call with the same B, as DCP does (each
     rank holds every query): unequal B is not checked (a collective per call) and ends in the backend's
-    error or a hang inside the exchange. A group of one rank packs and combines its one partial without an exchange:
+    error or a hang inside the exchange. Likewise an argument one rank refuses: that rank raises before the
+    exchange and the others wait in it until the group's timeout, so an engine that catches the error must
+    stop the step on every rank. A group of one rank packs and combines its one partial without an exchange:
     the same rules for empty shards (an LSE of -inf, NaN or +inf, an empty (max, sum), an ``empty`` request
     merge to 0 and LSE -inf), the same bits as any N.
     """
@@ -211,7 +213,13 @@ class DcpExchange:
         for name, given in (("merged_out", merged_out), ("merged_lse_out", merged_lse_out)):
             if given is not None and torch.is_grad_enabled() and getattr(given, "requires_grad", False) is True:
                 refuse_out_gradient("DcpExchange", name)  # combine would refuse it, naming its own argument
-        if merged_out is not None and merged_lse_out is not None and overlap(merged_out, merged_lse_out):
+        # While torch.compile traces, tensors have no address: combine's op checks the pair when it runs.
+        if (
+            merged_out is not None
+            and merged_lse_out is not None
+            and not torch.compiler.is_compiling()
+            and overlap(merged_out, merged_lse_out)
+        ):
             raise ValueError(
                 "merged_lse_out must not share memory with merged_out: pass a tensor of its own (e.g. torch.empty); "
                 f"got {describe(merged_lse_out)}"
@@ -231,7 +239,7 @@ class DcpExchange:
         self.module.pack(out, lse, send, empty=empty, max_sum=max_sum)
         if self.world_size > 1:  # one rank's combine reads what its pack wrote
             if self.exchange_fn is not None:
-                self.exchange_fn(send.tensors, recv.tensors)
+                call_exchange_fn(self.exchange_fn, send.tensors, recv.tensors)
             else:
                 self.module.exchange(send, recv, self.group)
         flat_lse = None if merged_lse_out is None else merged_lse_out.view(B, h)

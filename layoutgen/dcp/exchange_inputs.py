@@ -88,8 +88,12 @@ def check_call_inputs(
     if empty is not None and (
         not isinstance(empty, torch.Tensor) or empty.dtype != torch.bool or tuple(empty.shape) != lead[:1]
     ):
+        # The module's pack's exception types: TypeError for what it is, ValueError for its shape.
+        wrong_type = not isinstance(empty, torch.Tensor) or empty.dtype != torch.bool
         got = describe(empty) if isinstance(empty, torch.Tensor) else type(empty).__name__
-        raise ValueError(f"empty must be None or a torch.bool tensor [R={lead[0]}] (one flag per request); got {got}")
+        raise (TypeError if wrong_type else ValueError)(
+            f"empty must be None or a torch.bool tensor [R={lead[0]}] (one flag per request); got {got}"
+        )
     if empty is not None and empty.device != exchange.device:
         raise ValueError(
             f"empty must be on {exchange.device} (the device this DcpExchange was built for); got {describe(empty)}"

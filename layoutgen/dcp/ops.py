@@ -30,6 +30,7 @@ from layoutgen.dcp.combine_plan import check_out_lse
 from layoutgen.dcp.config import CONFIG_TYPES
 from layoutgen.dcp.dispatch import dispatcher
 from layoutgen.dcp.plans import buffers_from_tensors
+from layoutgen.runtime.tensors import check_one_device
 
 
 def _config(kernel: str, values: list[int]) -> Any:
@@ -74,7 +75,7 @@ def _pack_fake(
     max_stats: torch.Tensor | None = None,
     sum_stats: torch.Tensor | None = None,
 ) -> None:
-    return None
+    check_one_device({"out": out, "lse": lse, "empty": empty, "max_stats": max_stats, "sum_stats": sum_stats}, buffers)
 
 
 @torch.library.custom_op("layoutgen::combine", mutates_args=("out", "out_lse"))
@@ -119,4 +120,4 @@ def _combine_fake(
     config: list[int],
     scale: float = 1.0,
 ) -> None:
-    return None
+    check_one_device({"out": out, "out_lse": out_lse}, buffers)

@@ -12,10 +12,13 @@ from layoutgen.dcp import checks
 
 
 def pack_traced(owner: Any, out: Any, lse: Any, bufs: Any, config: Any, empty: Any = None, max_sum: Any = None) -> None:
-    # Checked while tracing, before the lines below read them (a bad one would fail in Dynamo's words, and a
-    # stacked [2, B, H] tensor would unpack as a pair); the op checks the tensors when it runs.
+    # Checked while tracing, before the lines below read them (a bad one would fail in Dynamo's or the op
+    # schema's words, and a stacked [2, B, H] tensor would unpack as a pair); the op checks the tensors when it
+    # runs.
     bufs = checks.check_pack_buffers(owner.spec, lse, bufs)
-    maximum, total = checks.check_max_sum_pair(max_sum) or (None, None)
+    pair = checks.check_max_sum_pair(max_sum)
+    checks.check_pack_types(out, lse, empty, pair)
+    maximum, total = pair or (None, None)
     tensors = list(bufs.tensors.values())
     shape = (owner.name, bufs.N, bufs.B_max, bufs.H, bufs.D, config_values(config))
     torch.ops.layoutgen.pack(out, lse, tensors, *shape, empty, maximum, total)
@@ -37,6 +40,9 @@ def combine_traced(
     bufs = checks.check_buffers(owner.spec, bufs)
     B = checks.check_combine_scalars(B, bufs.B_max, lse_base, return_lse)
     checks.check_scale_type(scale)
+    for name, given in (("out", out), ("out_lse", out_lse)):
+        if given is not None and not isinstance(given, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(given).__name__}")
     # Allocation stays in the traced graph; the op only writes.
     heads_per_peer = bufs.H // bufs.N
     device = bufs.tensors["payload"].device

@@ -32,6 +32,24 @@ def check_exchange_fn(spec_name: str, external: bool, exchange_fn: Any, hint: st
         )
 
 
+def call_exchange_fn(
+    exchange_fn: ExchangeFn, send: Mapping[str, torch.Tensor], recv: Mapping[str, torch.Tensor]
+) -> None:
+    """Run a caller's transport on copies of the views' dicts, then refuse one that replaced a receive view
+    instead of writing into it (ValueError): the kernels read the static receive buffers, so the bytes it
+    received would be lost without a word, and a replaced view in the helper's own dict would stay for every
+    later call."""
+    given = dict(recv)
+    exchange_fn(dict(send), given)
+    for name, view in recv.items():
+        if given.get(name) is not view:
+            raise ValueError(
+                f"exchange_fn replaced recv_tensors[{name!r}] instead of writing into it: the receive tensors are "
+                f"views of the static buffers the kernels read; write the received bytes into them "
+                f"(recv_tensors[{name!r}].copy_(received))"
+            )
+
+
 def refuse_unprepared_size(owner: str, size: str, value: int) -> None:
     """A distributed helper's call, under torch.compile, of a size (`B`, `S_local`) whose views it has not built:
     building them registers buffers objects in a weak map, which dynamo cannot trace.  Eager calls build them."""

@@ -294,3 +294,41 @@ def check_runnable(kernel: Any, *tensors: torch.Tensor) -> None:
             "interpreter: set TRITON_INTERPRET=1 before triton is first imported (e.g. `TRITON_INTERPRET=1 "
             "python script.py`), or pass CUDA tensors"
         )
+
+
+def check_plain(label: str, tensor: torch.Tensor, context: str = "") -> None:
+    """Refuse what the kernels cannot read as memory (TypeError naming `label`, after `context` such as
+    "scatter: ", and the fix): a nested or sparse tensor, whose shape and strides do not describe its elements,
+    and a view with torch's lazy negation or conjugation bit (`x.conj().imag`), whose values are not the bytes
+    the kernel would read."""
+    if tensor.is_nested:
+        raise TypeError(f"{context}{label} must be a regular tensor, got a nested tensor: pass one padded tensor")
+    if tensor.layout is not torch.strided:
+        raise TypeError(
+            f"{context}{label} must be a dense tensor, got a {str(tensor.layout).removeprefix('torch.')} tensor "
+            f"of shape {list(tensor.shape)}: convert it with .to_dense()"
+        )
+    if torch.compiler.is_compiling():
+        return  # Dynamo cannot trace is_neg(); the custom op checks its tensors again when it runs
+    for bit, is_set, resolve in (
+        ("negation", tensor.is_neg(), "resolve_neg"),
+        ("conjugation", tensor.is_conj(), "resolve_conj"),
+    ):
+        if is_set:
+            raise TypeError(
+                f"{context}{label} is a view with torch's lazy {bit} bit set (e.g. x.conj().imag): its values are "
+                f"not the bytes in memory the kernels read; call .{resolve}() on it"
+            )
+
+
+def check_one_device(named: dict[str, torch.Tensor | None], buffers: list[torch.Tensor]) -> None:
+    """A custom op's fake kernel also serves a direct call with one tensor on the meta device (torch sends the
+    whole call there), which would otherwise return having written nothing: every tensor must be on the
+    buffers' device (ValueError naming it)."""
+    device = buffers[0].device if buffers else None
+    for name, tensor in named.items():
+        if tensor is not None and device is not None and tensor.device != device:
+            raise ValueError(f"{name} is on {tensor.device} but the buffers are on {device}")
+    for position, tensor in enumerate(buffers):
+        if tensor.device != device:
+            raise ValueError(f"buffers[{position}] is on {tensor.device} but buffers[0] is on {device}")

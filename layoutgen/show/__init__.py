@@ -56,7 +56,13 @@ def diff_layouts(spec_a: Any, spec_b: Any, shape: Mapping[str, int], dtype: str)
     if spec_a.family != spec_b.family:
         raise ValueError(f"{spec_a.name} is a {spec_a.family} spec and {spec_b.name} a {spec_b.family} spec")
     found = diff_byte_layouts(byte_layout(spec_a, shape, dtype), byte_layout(spec_b, shape, dtype))
-    return dataclasses.replace(found, differing_fields=differing_fields(spec_a, spec_b))
+    fields = differing_fields(spec_a, spec_b)
+    user_side = set(found.layout_a.user_side_fields)
+    return dataclasses.replace(
+        found,
+        differing_fields=tuple(field for field in fields if field.split(".")[0] not in user_side),
+        user_side_fields=tuple(field for field in fields if field.split(".")[0] in user_side),
+    )
 
 
 def differing_fields(spec_a: Any, spec_b: Any) -> tuple[str, ...]:

@@ -66,6 +66,8 @@ class LayoutDiff:
     #: The spec fields (dotted, name and summary aside) whose values differ: layouts identical at this shape can
     #: still differ at another shape or dtype (a scale block, a row alignment, a wire dtype).
     differing_fields: tuple[str, ...] = ()
+    #: The differing spec fields that describe only the caller's tensors (`ByteLayout.user_side_fields`).
+    user_side_fields: tuple[str, ...] = ()
 
     @property
     def identical(self) -> bool:
@@ -222,6 +224,12 @@ def diff_summary(diff: LayoutDiff, runs: bool = True) -> str:
             f"{', '.join(diff.differing_fields)}: other shapes or dtypes can place bytes differently (try another "
             "--shape or --dtype)."
         )
+    elif diff.identical and diff.user_side_fields:
+        verdict = (
+            "The two layouts place every buffer byte identically, at every shape: the specs differ only in "
+            f"{', '.join(diff.user_side_fields)}, the layout of the tensors the kernels read and write on the "
+            "caller's side, so the buffers are exchanged alike and only those kernels differ."
+        )
     elif diff.identical:
         verdict = "The two layouts place every byte identically: a port needs no kernel change."
     else:
@@ -245,6 +253,7 @@ def diff_to_json(diff: LayoutDiff) -> str:
         "shape": dict(diff.layout_a.shape_json),
         "identical": diff.identical,
         "differing_fields": list(diff.differing_fields),
+        "user_side_fields": list(diff.user_side_fields),
         "same_place": diff.same_place,
         "not_compared": diff.not_compared,
     }

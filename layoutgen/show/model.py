@@ -158,6 +158,9 @@ class ByteLayout:
     unassigned: Callable[[BufferInfo, torch.Tensor], torch.Tensor] | None = None
     #: Family facts for JSON, placed after the store widths and before the byte totals.
     extra_facts: Callable[[ByteMap, Facts], Mapping[str, Any]] = lambda bmap, found: {}
+    #: Top-level spec fields that describe the caller's tensors, never the buffers' bytes (Ulysses: `local`,
+    #: `attention`): a diff that finds only these differing says the buffers match at every shape.
+    user_side_fields: tuple[str, ...] = ()
 
     def kind(self, name: str) -> Kind:
         return next(kind for kind in self.kinds if kind.name == name)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from layoutgen.runtime.tensors import describe, overlap, overlap_relation, overlaps_itself, shares_memory
+from layoutgen.runtime.tensors import check_plain, describe, overlap, overlap_relation, overlaps_itself, shares_memory
 from layoutgen.ulysses.layout import (
     KERNEL_DIRECTION,
     KERNEL_SIDES,
@@ -81,6 +81,16 @@ def check_buffers(spec: UlyssesSpec, bufs: Any, direction: str, label: str = "bu
                 f"{buffer.extents}{'' if device is None else f' on {device}'}; got "
                 + (describe(got) if isinstance(got, torch.Tensor) else type(got).__name__)
             )
+    # Addresses are not known while torch.compile traces; the custom op checks its buffers again when it runs.
+    names = [] if torch.compiler.is_compiling() else list(bufs.tensors)
+    for position, name in enumerate(names):
+        for other in names[position + 1 :]:
+            if overlap(bufs.tensors[name], bufs.tensors[other]):
+                raise ValueError(
+                    f"{label}.tensors[{name!r}] and {label}.tensors[{other!r}] share memory, so one kernel's writes "
+                    f"would overwrite the other's: give each buffer its own memory (e.g. {_ALLOCATOR[direction]}); "
+                    f"got {describe(bufs.tensors[name])} and {describe(bufs.tensors[other])}"
+                )
     return bufs
 
 
@@ -91,6 +101,7 @@ def _check_tensor(kernel: str, label: str, tensor: Any, expected: tuple[int, ...
         raise TypeError(
             f"{kernel}: {label} must be a torch.Tensor {layout} of {bufs.dtype}, got {type(tensor).__name__}"
         )
+    check_plain(label, tensor, f"{kernel}: ")
     if tuple(tensor.shape) != expected:
         raise ValueError(f"{kernel}: {label} must have shape {layout} (the buffers' shape); got {describe(tensor)}")
     if tensor.dtype != bufs.dtype:

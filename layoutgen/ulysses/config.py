@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from layoutgen.config import LaunchConfig, grow_box, next_pow2
+from layoutgen.config import MAX_TILE_ELEMENTS, LaunchConfig, grow_box, next_pow2
 from layoutgen.ulysses.layout import (
     KERNEL_DIRECTION,
     KERNEL_SIDES,
@@ -149,7 +149,10 @@ def fit_grid(config: TileConfig, tile_axes: Sequence[str], extents: Mapping[str,
     reach get here; dispatch must not fail on them."""
     seq = list(tile_axes).index("seq")
     outer = list(tile_axes[:seq])
-    while True:
+    # A block grows only while the tile stays within MAX_TILE_ELEMENTS (the config's own limit); a shape that
+    # still needs more programs meets the launcher's grid error, which names the shape.
+    room = config.tile_elements * 2 <= MAX_TILE_ELEMENTS
+    while room:
         x, y = program_counts(config, tile_axes, extents)
         if y * tensors > MAX_GRID_Y and outer:
             growable = [a for a in outer if getattr(config, f"block_{a}") < next_pow2(extents[a])]
@@ -161,6 +164,8 @@ def fit_grid(config: TileConfig, tile_axes: Sequence[str], extents: Mapping[str,
             config = dataclasses.replace(config, block_seq=2 * config.block_seq)
         else:
             return config
+        room = config.tile_elements * 2 <= MAX_TILE_ELEMENTS
+    return config
 
 
 def box_extents(spec: UlyssesSpec, kernel: str, shape: Shape) -> dict[str, int]:

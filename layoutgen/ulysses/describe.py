@@ -38,7 +38,9 @@ def describe_wire(direction: DirectionSpec) -> str:
     if not direction.shared:
         return describe_tensors(direction.wire, direction.tensors, "wire") + " (one buffer each)"
     position = direction.wire.index("tensor")
-    outer = [_SYMBOL["wire"].get(axis, "H/N") for axis in direction.wire[:position]]
+    # A head axis outside `tensor` is every tensor's (the spec requires their head counts equal there).
+    symbols = {**_SYMBOL["wire"], "head": heads_symbol(direction.tensors[0], "wire")}
+    outer = [symbols[axis] for axis in direction.wire[:position]]
     inner = direction.wire[position + 1 :]
     blocks = describe_tensors(inner, direction.tensors, "wire").replace("; ", ", then ")
     return f"wire [{', '.join([*outer, 'tensor'])}]: along tensor {blocks}"

@@ -19,7 +19,13 @@ from typing import Any
 
 import torch
 
-from layoutgen.runtime.exchange import ExchangeFn, all_to_all_tensors, check_exchange_fn, refuse_unprepared_size
+from layoutgen.runtime.exchange import (
+    ExchangeFn,
+    all_to_all_tensors,
+    call_exchange_fn,
+    check_exchange_fn,
+    refuse_unprepared_size,
+)
 from layoutgen.runtime.groups import check_ranks_agree, generated_module, join_group, tell_peers_of_refusal
 from layoutgen.runtime.tensors import as_int, describe, positive_int, required_device
 from layoutgen.ulysses.dispatch import remember_buffers
@@ -174,7 +180,7 @@ class UlyssesExchange:
         if self.world_size == 1:
             return send  # one rank: what it sends is what it receives
         if self.exchange_fn is not None:
-            self.exchange_fn(send.tensors, recv.tensors)
+            call_exchange_fn(self.exchange_fn, send.tensors, recv.tensors)
         else:
             all_to_all_tensors(send.tensors, recv.tensors, self.group)
         return recv
@@ -194,8 +200,8 @@ class UlyssesExchange:
                 f"S_max={self.S_max} rows per shard (build one with a larger S_max); got {describe(tensors[0])}"
             )
         send, _ = self.buffers("to_attention", S_local)
-        self._scatter("to_attention", self.module.scatter, tensors, send)
-        return self.module.gather(self._move("to_attention", S_local), out=out)
+        self._call("to_attention", self.module.scatter, *tensors, send)
+        return self._call("to_attention", self.module.gather, self._move("to_attention", S_local), out=out)
 
     def from_attention(self, *tensors: torch.Tensor, out: Any = None) -> Any:
         """Scatter_out -> exchange -> gather_out: the attention output over the whole sequence for this rank's
@@ -219,24 +225,26 @@ class UlyssesExchange:
                 f"with a larger S_max); got {describe(tensors[0])}"
             )
         send, _ = self.buffers("from_attention", S_local)
-        self._scatter("from_attention", self.module.scatter_out, tensors, send)
-        return self.module.gather_out(self._move("from_attention", S_local), out=out)
+        self._call("from_attention", self.module.scatter_out, *tensors, send)
+        return self._call("from_attention", self.module.gather_out, self._move("from_attention", S_local), out=out)
 
-    def _scatter(self, what: str, scatter: Any, tensors: tuple[Any, ...], send: UlyssesBuffers) -> None:
-        """The module's scatter, whose refusal is reworded for this call: it names `what` (not the scatter the
-        user did not call) and the sizes this exchange was built for."""
+    def _call(self, what: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """The module's scatter or gather, whose refusal is reworded for this call: it names `what` (not the
+        function the user did not call), and for a shape or dtype the sizes this exchange was built for."""
         if torch.compiler.is_compiling():
-            scatter(*tensors, send)
-            return
+            return function(*args, **kwargs)
         try:
-            scatter(*tensors, send)
-        except (TypeError, ValueError) as error:
-            shape = self.shape
-            reason = str(error).removeprefix(f"{scatter.__name__}: ")
-            raise type(error)(
-                f"{what}: {reason}. This UlyssesExchange was built for dtype {shape.dtype}, B={shape.B}, H={shape.H}, "
-                f"H_kv={shape.H_kv}, D={shape.D}: build another for other sizes"
-            ) from None
+            return function(*args, **kwargs)
+        except (TypeError, ValueError, RuntimeError) as error:
+            reason = str(error).removeprefix(f"{function.__name__}: ")
+            if "(the buffers' shape)" in reason or "(the buffers' dtype)" in reason:
+                shape = self.shape
+                kv_heads = f", H_kv={shape.H_kv}" if shape.H_kv != shape.H else ""
+                reason += (
+                    f". This UlyssesExchange was built for dtype {shape.dtype}, B={shape.B}, H={shape.H}{kv_heads}, "
+                    f"D={shape.D}: build another for other sizes"
+                )
+            raise type(error)(f"{what}: {reason}") from None
 
     def __repr__(self) -> str:
         shape = self.shape

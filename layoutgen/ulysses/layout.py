@@ -219,6 +219,11 @@ class UlyssesBuffers:
         self.spec = spec
         self.direction = direction
         self.shape = shape
+        # In the direction's order, whatever order a dict built by hand has: the custom ops take the buffers as
+        # a list and name them by position (a {k, q, v} dict wrote k's bytes into q's buffer under compile).
+        order = [tensor.name for tensor in spec.direction(direction).tensors]
+        if isinstance(tensors, dict) and sorted(tensors) == sorted(order) and list(tensors) != order:
+            tensors = {name: tensors[name] for name in order}
         self.tensors = tensors
         self.spec_name = spec.name
         self.layout_hash = spec.layout_hash()

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from layoutgen.config import config_from_values
+from layoutgen.runtime.tensors import check_one_device
 from layoutgen.ulysses.config import CONFIG_TYPES
 from layoutgen.ulysses.dispatch import dispatcher, op_buffers
 from layoutgen.ulysses.layout import KERNEL_DIRECTION
@@ -47,7 +48,7 @@ def _register_scatter(kernel: str) -> Any:
     def _(
         tensors: list[torch.Tensor], buffers: list[torch.Tensor], module: str, shape: list[int], config: list[int]
     ) -> None:
-        return None
+        check_one_device({f"tensors[{i}]": tensor for i, tensor in enumerate(tensors)}, buffers)
 
     return scatter_op
 
@@ -65,7 +66,7 @@ def _register_gather(kernel: str) -> Any:
     def _(
         buffers: list[torch.Tensor], out: list[torch.Tensor], module: str, shape: list[int], config: list[int]
     ) -> None:
-        return None
+        check_one_device({f"out[{i}]": tensor for i, tensor in enumerate(out)}, buffers)
 
     return gather_op
 

@@ -56,10 +56,45 @@ def _rows_by_peer(spec: UlyssesSpec, attention: torch.Tensor, N: int) -> torch.T
     return full.unflatten(seq, (N, full.shape[seq] // N)).movedim(seq, 0)
 
 
-def _check_tensors(direction: DirectionSpec, tensors: Mapping[str, torch.Tensor]) -> None:
-    names = [t.name for t in direction.tensors]
-    if sorted(tensors) != sorted(names):
-        raise ValueError(f"expected the tensors {names}, got {sorted(tensors)}")
+def _check_tensors(bufs: UlyssesBuffers, tensors: Mapping[str, torch.Tensor], side: str, label: str) -> None:
+    """The caller's tensors of `bufs`' direction on `side`: every name once, each of its shape and the buffers'
+    dtype (the oracle copies bytes: a conversion would hide a wrong dtype the kernels refuse)."""
+    names = [t.name for t in bufs.tensor_specs]
+    if not isinstance(tensors, Mapping) or sorted(tensors) != sorted(names):
+        names_given = sorted(tensors) if isinstance(tensors, Mapping) else type(tensors).__name__
+        raise ValueError(f"{label} must map the tensors {names} of the {bufs.direction} direction, got {names_given}")
+    for tensor_spec in bufs.tensor_specs:
+        tensor = tensors[tensor_spec.name]
+        expected = tensor_shape(bufs.spec, bufs.shape, tensor_spec, side)
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != expected or tensor.dtype != bufs.dtype:
+            given = f"shape {tuple(tensor.shape)}, {tensor.dtype}" if isinstance(tensor, torch.Tensor) else type(tensor)
+            raise ValueError(
+                f"{label}[{tensor_spec.name!r}] must have shape {expected} ({', '.join(getattr(bufs.spec, side))}) "
+                f"and dtype {bufs.dtype}, as the buffers; got {given}"
+            )
+
+
+def _check_buffers_list(send: object) -> list[UlyssesBuffers]:
+    """`exchange`'s argument: one rank's buffers per peer, all of one spec, direction and shape."""
+    if not isinstance(send, list | tuple) or not send or not all(isinstance(b, UlyssesBuffers) for b in send):
+        raise TypeError(
+            "exchange takes a list of every rank's send buffers (UlyssesBuffers, one per rank), got "
+            + (
+                (f"a {type(send).__name__} of other objects" if send else f"an empty {type(send).__name__}")
+                if isinstance(send, list | tuple)
+                else type(send).__name__
+            )
+        )
+    first = send[0]
+    for rank, bufs in enumerate(send):
+        if (bufs.layout_hash, bufs.direction, bufs.shape) != (first.layout_hash, first.direction, first.shape):
+            raise ValueError(
+                f"exchange: rank {rank}'s buffers ({bufs!r}) differ from rank 0's ({first!r}); every rank sends "
+                "buffers of one spec, direction and shape"
+            )
+    if len(send) != first.N:
+        raise ValueError(f"{len(send)} ranks exchange buffers sized for N={first.N} peers: pass one per peer")
+    return list(send)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -69,14 +104,14 @@ def _check_tensors(direction: DirectionSpec, tensors: Mapping[str, torch.Tensor]
 
 def scatter(tensors: Mapping[str, torch.Tensor], send: UlyssesBuffers) -> None:
     """Copy a rank's shards (in `spec.local`, any strides) into the bytes of its to_attention send buffers."""
-    _check_tensors(send.spec.direction(send.direction), tensors)
+    _check_tensors(send, tensors, "local", "tensors")
     for name, local in tensors.items():
         send.wire_view(name).copy_(_heads_by_peer(send.spec, local, send.N))
 
 
 def scatter_out(tensors: Mapping[str, torch.Tensor], send: UlyssesBuffers) -> None:
     """Copy a rank's attention outputs (in `spec.attention`) into its from_attention send buffers."""
-    _check_tensors(send.spec.direction(send.direction), tensors)
+    _check_tensors(send, tensors, "attention", "tensors")
     for name, attention in tensors.items():
         send.wire_view(name).copy_(_rows_by_peer(send.spec, attention, send.N))
 
@@ -84,10 +119,9 @@ def scatter_out(tensors: Mapping[str, torch.Tensor], send: UlyssesBuffers) -> No
 def exchange(send: list[UlyssesBuffers]) -> list[UlyssesBuffers]:
     """What an all-to-all over the peer axis delivers: rank r receives, at peer index p, what rank p sent
     to peer r.  The wire is dense, so this moves every byte, as a transport would."""
+    send = _check_buffers_list(send)
     world = len(send)
     first = send[0]
-    if any(world != bufs.N for bufs in send):
-        raise ValueError(f"{world} ranks exchange buffers sized for N={[bufs.N for bufs in send]} peers")
     recv = [UlyssesBuffers(b.spec, b.direction, b.shape, {k: torch.empty_like(t) for k, t in b.tensors.items()})
             for b in send]  # fmt: skip
     for tensor in first.tensor_specs:
@@ -101,6 +135,8 @@ def exchange(send: list[UlyssesBuffers]) -> list[UlyssesBuffers]:
 def _fill_tensors(
     spec: UlyssesSpec, recv: UlyssesBuffers, side: str, out: Mapping[str, torch.Tensor] | None
 ) -> dict[str, torch.Tensor]:
+    if out is not None:
+        _check_tensors(recv, out, side, "out")
     results = {}
     for tensor in recv.tensor_specs:
         if out is not None:

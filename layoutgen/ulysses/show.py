@@ -122,6 +122,7 @@ def byte_layout(spec: UlyssesSpec, shape: Mapping[str, int], dtype: str) -> Byte
             "shape": shape_json,
         },
         shape_json=shape_json,
+        user_side_fields=("local", "attention"),
     )
 
 
