@@ -14,6 +14,7 @@ import errno
 import functools
 import hashlib
 import os
+import re
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -24,11 +25,12 @@ import jinja2
 from filelock import FileLock
 
 from layoutgen import __version__
-from layoutgen.family import get_family
+from layoutgen.family import FamilyDeclarationError, get_family
 from layoutgen.files import (
     GENERATED_MARK,
     FileRefused,
     directories_for,
+    generated_by_layoutgen,
     read_text_bounded,
     regular_file_problem,
     replace_atomically,
@@ -95,10 +97,35 @@ def display_name(spec_path: Path) -> str:
         return spec_path.name
 
 
+#: The names `render_module` gives the module template itself (`Family.module_template` says what each holds):
+#: a family's `render_context()` may not return them.
+MODULE_TEMPLATE_NAMES = ("header", "spec_constants", "name", "family", "kernels")
+
+
+def _module_context(family: Any, spec: Any) -> dict[str, Any]:
+    """The family's `render_context(spec)`, refused naming the family where it is no dict or takes a name the
+    module template gets from `render_module` (Jinja would fail with a bare TypeError)."""
+    context = family.render_context(spec)
+    if not isinstance(context, dict):
+        raise FamilyDeclarationError(
+            f"family {family.name!r}: render_context() must return a dict of template names; "
+            f"got {type(context).__name__}"
+        )
+    clashes = [key for key in MODULE_TEMPLATE_NAMES if key in context]
+    if clashes:
+        raise FamilyDeclarationError(
+            f"family {family.name!r}: render_context() returns the key(s) {', '.join(map(repr, clashes))}, which "
+            f"layoutgen sets for the module template itself ({', '.join(MODULE_TEMPLATE_NAMES)}; see "
+            "Family.module_template); rename them in the family's render_context() (the spec's name is `name` "
+            "in the module template already)"
+        )
+    return context
+
+
 def render_module(spec: Any, spec_file: str) -> Rendered:
     family = get_family(spec.family)
     env = environment(family.template_dir)
-    context = family.render_context(spec)
+    context = _module_context(family, spec)
     kernels = {kernel.name: env.get_template(kernel.template).render(**context) for kernel in family.kernels}
     spec_hash = spec.layout_hash()
     hashes = {name: source_hash(unit) for name, unit in kernels.items()}
@@ -124,6 +151,14 @@ def render_module(spec: Any, spec_file: str) -> Rendered:
         family=family.name,
         kernels=kernels,
     )
+    if not text.startswith(header + "\n"):
+        # load(), `tune --spec` and `build --check` know a generated module by its first line.
+        template = family.template_dir / family.module_template
+        raise FamilyDeclarationError(
+            f"family {family.name!r}: its module template {template} must begin with the line {{{{ header }}}} "
+            f"(layoutgen's '{GENERATED_MARK.strip()} ...' line, by which load() knows a generated module); "
+            f"the module it rendered begins {text[:60]!r}: move what comes before {{{{ header }}}} below it"
+        )
     return Rendered(text, kernels)
 
 
@@ -174,7 +209,8 @@ def current_text(path: Path) -> str | None:
 
 def write_if_changed(path: Path, content: str) -> bool:
     """Atomically replace `path` with `content` unless it already holds it; True when written.  A symlink,
-    FIFO or device at `path` is replaced by the file (its target is left alone).  Directories it creates
+    FIFO or device at `path` is replaced by the file (its target is left alone); a file that is no generated
+    module is not, when `content` is one (OSError EEXIST).  Directories it creates
     for `path` are removed again when the write fails (a full disk leaves nothing behind)."""
     with directories_for(path):
         return _replace_if_changed(path, content)
@@ -184,6 +220,8 @@ def _replace_if_changed(path: Path, content: str) -> bool:
     with FileLock(_lock_file(path)):
         if current_text(path) == content:
             return False
+        if content.startswith(GENERATED_MARK) and not_generated(path):  # appeared since `build` looked
+            raise OSError(errno.EEXIST, f"it is {NOT_GENERATED}, so it is not replaced; move it", str(path))
         replace_atomically(path, content, mode=0o644)
     return True
 
@@ -220,18 +258,71 @@ def plan_outputs(specs: list[tuple[Any, Path]], out_dir: Path, with_init: bool) 
 
 
 def stale_files(planned: list[Planned], out_dir: Path, owns_directory: bool) -> list[str]:
-    """Files whose content differs from the rendering, missing ones, and (when `build` owns the
-    directory) generated modules that no spec produces any more."""
+    """Files whose content differs from the rendering, missing ones, files in a module's place that layoutgen
+    did not generate, and generated modules that no spec produces any more: in a directory `build` owns, every
+    other `*.py`; elsewhere, those whose header names the file of a spec given (its `name:` changed since)."""
     problems = []
     for item in planned:
         current = current_text(item.path)
-        if current is None:
+        if item.spec is not None and os.path.lexists(item.path) and not_generated(item.path):
+            problems.append(f"{item.path}: {NOT_GENERATED}; move it or rename the spec '{item.spec.name}'")
+        elif current is None:
             problems.append(f"{item.path}: missing" if not os.path.lexists(item.path) else f"{item.path}: stale")
         elif current != item.content:
             problems.append(f"{item.path}: stale")
-    if owns_directory and out_dir.is_dir():
-        expected = {item.path.name for item in planned}
-        for extra in sorted(out_dir.glob("*.py")):
-            if extra.name not in expected:
-                problems.append(f"{extra}: no spec renders it; delete it")
+    if not out_dir.is_dir():
+        return problems
+    expected = {item.path.name for item in planned}
+    sources = {header_source(item.content): item for item in planned if item.spec is not None}
+    for extra in sorted(out_dir.glob("*.py")):
+        if extra.name in expected:
+            continue
+        if owns_directory:
+            problems.append(f"{extra}: no spec renders it; delete it")
+            continue
+        source = header_source(first_line(extra))
+        owner = sources.get(source) if source is not None else None
+        if owner is not None:  # e.g. backend_v1.py from backend.yaml, whose `name:` is backend_v2 now
+            problems.append(
+                f"{extra}: generated from the spec file {source}, which now renders {owner.path.name} (spec "
+                f"'{owner.spec.name}'): left behind by an earlier name; delete it"
+            )
     return problems
+
+
+#: What `build` and `build --check` call a file in a generated module's place that layoutgen did not write.
+NOT_GENERATED = "not a module generated by layoutgen"
+
+
+def not_generated(path: Path) -> bool:
+    """Whether the regular file at `path` is something other than a generated module, which `build` must not
+    replace: it may be someone's hand-written code.  Not a symlink (replacing one leaves its target alone), and
+    not a file over MAX_MODULE_BYTES, which is no module layoutgen compares and is replaced unread (README
+    guarantee 6: an 8 GiB sparse file there is)."""
+    if os.path.islink(path):
+        return False
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return False
+    return size <= MAX_MODULE_BYTES and generated_by_layoutgen(path) is False
+
+
+def first_line(path: Path) -> str:
+    """The first line of the regular file at `path` (at most 1000 bytes; "" where it is none or unreadable)."""
+    if os.path.islink(path) or regular_file_problem(path) is not None:  # never opens a FIFO
+        return ""
+    try:
+        with open(path, "rb") as file:
+            return file.readline(1000).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+_HEADER_SOURCE = re.compile(re.escape(GENERATED_MARK) + r"\S+ from (.+) \(spec sha256 [0-9a-f]+\)\. DO NOT EDIT\.")
+
+
+def header_source(text: str) -> str | None:
+    """The spec file a generated module's header names (as the header writes it), or None for no header."""
+    match = _HEADER_SOURCE.match(text)
+    return match.group(1) if match else None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -12,7 +14,8 @@ from types import ModuleType
 from layoutgen.files import GENERATED_MARK, generated_by_layoutgen
 
 _lock = threading.Lock()
-_loaded: dict[Path, ModuleType] = {}
+#: Resolved path -> (the file's identity when it was imported, the module).
+_loaded: dict[Path, tuple[tuple[int, int, int], ModuleType]] = {}
 
 
 def source_root() -> Path | None:
@@ -29,34 +32,64 @@ def generated_dir() -> Path:
     return Path(__file__).resolve().parent / "generated"
 
 
+def module_name_for(path: Path) -> str:
+    """The import name of the user-built module at the resolved `path`: the same in every process (it is baked
+    into torch.compile graphs as the custom ops' `module` argument), unlike `hash()`, which is salted per process."""
+    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
+    return f"layoutgen_generated_{path.stem}_{digest}"
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells one version of the file at `path` from the next (None: no regular file there).  `layoutgen
+    build` replaces a module by renaming a new file over it, which changes the inode; the modification time and
+    the size catch a file rewritten in place."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_ino, status.st_mtime_ns, status.st_size) if stat.S_ISREG(status.st_mode) else None
+
+
 def load_path(path: Path, module_name: str | None = None) -> ModuleType:
-    """Import a generated module from a file, once per resolved path."""
+    """Import a generated module from a file, once per version of the file: while the file at the resolved path
+    is unchanged (inode, st_mtime_ns, size), the module imported before is returned; once it changed (a
+    rebuild), the new file is imported under the same name and replaces the old module in sys.modules."""
     path = path.resolve()
     with _lock:
-        module = _loaded.get(path)
-        if module is not None:
-            return module
-        if not path.is_file():
+        identity = _identity(path)
+        cached = _loaded.get(path)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        if identity is None:
             raise FileNotFoundError(
                 f"no generated module at {path}; build it first: layoutgen build --spec FILE.yaml --out {path.parent}"
             )
-        name = module_name or f"layoutgen_generated_{path.stem}_{abs(hash(str(path))):x}"
+        name = module_name or module_name_for(path)
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot import {path} as a Python module")
         module = importlib.util.module_from_spec(spec)
+        previous = sys.modules.get(name)
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
         except BaseException:
-            del sys.modules[name]
+            if previous is None:
+                del sys.modules[name]
+            else:  # the version imported before stays what the name means
+                sys.modules[name] = previous
             raise
-        _loaded[path] = module
+        _loaded[path] = (identity, module)
         return module
 
 
 def load(name_or_path: str | Path) -> ModuleType:
-    """The generated module for a bundled spec name (`"pynccl_a2a"`) or a generated `.py` file."""
+    """The generated module for a bundled spec name (`"pynccl_a2a"`) or a generated `.py` file.
+
+    A file is imported once per version: while it is unchanged on disk (its inode, st_mtime_ns and size), every
+    call returns the module imported first; once it changed (`layoutgen build` rewrote it), the next call imports
+    the new file, under the same module name (derived from the resolved path, the same in every process), and
+    returns that.  A module obtained before keeps the layout it was imported with."""
     import re
 
     from layoutgen.spec import NAME_PATTERN

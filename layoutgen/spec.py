@@ -16,7 +16,7 @@ import keyword
 import pkgutil
 import re
 import sys
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from enum import Enum
 from importlib import metadata
 from pathlib import Path
@@ -26,23 +26,23 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from layoutgen.family import (
+    BUILTIN_FAMILIES,
     BUILTIN_SCHEMA_DOC,
     DEFAULT_FAMILY,
     FAMILY_NAME_PATTERN,
     UnknownFamilyError,
     bundled_families,
     content_hash,
-    families,
+    family_names,
     get_family,
 )
 from layoutgen.files import FileRefused, generated_by_layoutgen, read_bounded
+from layoutgen.spec_yaml import StrictLoader
 
 #: Specs larger than this are not layout specs; refusing them bounds parsing work.
 MAX_SPEC_BYTES = 64 * 1024
 #: A report lists at most this many problems (a file of 6000 unknown keys stays one screen).
 MAX_PROBLEMS_SHOWN = 10
-#: YAML nesting deeper than this is refused before it is built (a spec is ~4 deep; PyYAML composes recursively).
-MAX_YAML_DEPTH = 16
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 #: Where the schema of the built-in families is written down (a family's `schema_reference()` is what its
 #: spec errors point at; this is the word for a spec whose family is not known yet).
@@ -186,13 +186,45 @@ def _shown(text: str, limit: int = 80) -> str:
     return printable if len(printable) <= limit else printable[: limit - 3] + "..."
 
 
-def _problems_from(error: ValidationError, schema: str) -> list[tuple[str, str]]:
-    """One (field, message) per pydantic error; `schema`: where the spec's family documents its keys."""
+def _yaml_word(key: Any) -> str:
+    """A key that is not text as YAML would write it (`null`, `true`, `3`), where the file's spelling is unknown."""
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return str(key)
+
+
+def _key_problem(item: Any, key_texts: Mapping[Any, str]) -> tuple[str, str]:
+    """A key YAML read as null, a boolean, a number or a date (pydantic's "Keys should be strings"): named as
+    the file wrote it, not as Python prints the value."""
+    key = item.get("input")
+    written = key_texts.get((type(key), key)) or _yaml_word(key)
+    parents = [str(part) for part in item["loc"][:-1]]
+    if key is None:
+        what = "null"
+    elif isinstance(key, bool):
+        what = f"the boolean {_yaml_word(key)}"
+    elif isinstance(key, int | float):
+        what = f"the number {key}"
+    else:
+        what = f"a {type(key).__name__}"
+    field = _shown(".".join([*parents, written]))
+    message = f"YAML reads the key {written} as {what}, not as a word: keys are field names; remove it, or quote it"
+    return field, _shown(message, limit=400)
+
+
+def _problems_from(error: ValidationError, schema: str, key_texts: Mapping[Any, str]) -> list[tuple[str, str]]:
+    """One (field, message) per pydantic error; `schema`: where the spec's family documents its keys;
+    `key_texts`: how the YAML wrote keys that are not text."""
     problems = []
     for item in error.errors(include_url=False):
         ctx_error = (item.get("ctx") or {}).get("error")
         if isinstance(ctx_error, FieldError):
             problems.append((ctx_error.field, _shown(ctx_error.message, limit=400)))
+            continue
+        if item["type"] == "invalid_key":
+            problems.append(_key_problem(item, key_texts))
             continue
         field = _shown(".".join(str(part) for part in item["loc"])) or "(top level)"
         message = _FIX_HINTS[item["type"]].format(schema=schema) if item["type"] in _FIX_HINTS else None
@@ -211,9 +243,15 @@ def _problems_from(error: ValidationError, schema: str) -> list[tuple[str, str]]
     return problems
 
 
-def parse_spec(data: Any, source: str = "<spec>", *, built: bool = False) -> Any:
-    """Validate already-parsed YAML/JSON data with its family's model; raise :class:`SpecError`.  `built`: the
-    spec of a generated module (checked when it was built), whose name is not held against it as taken."""
+def parse_spec(
+    data: Any, source: str = "<spec>", *, built: bool = False, key_texts: Mapping[Any, str] | None = None
+) -> Any:
+    """Validate already-parsed YAML/JSON data with its family's model; raise :class:`SpecError` (and nothing
+    else: a registered family that fails to load is a SpecError too).  `built`: the spec of a generated module
+    (checked when it was built; `source` is its import name, reported as its file), whose name is not held
+    against it as taken.  `key_texts`: how the YAML wrote keys that are not text (`~`, `yes`), by (type, value)."""
+    if built:
+        source = _module_file(source)
     if not isinstance(data, Mapping):
         raise SpecError(source, [("(top level)", f"must be a mapping of keys, got {type(data).__name__}")])
     family_name = data.get("family", DEFAULT_FAMILY)
@@ -221,24 +259,61 @@ def parse_spec(data: Any, source: str = "<spec>", *, built: bool = False) -> Any
         raise SpecError(source, [("family", f"must be a family name such as {DEFAULT_FAMILY!r}; got {family_name!r}")])
     try:
         family = get_family(family_name)
-    except ValueError as error:
-        if built and isinstance(error, UnknownFamilyError):
+    except UnknownFamilyError as error:
+        if built:
             raise _unregistered_family(source, family_name) from None
+        raise SpecError(source, [("family", f"{error}; {_how_to_register(family_name)}")]) from None
+    except ValueError as error:  # SettingError: LAYOUTGEN_FAMILIES, which names its entry and the fix
         raise SpecError(source, [("family", str(error))]) from None
+    except Exception as error:  # a family registered in code whose module does not import or holds no FAMILY
+        raise SpecError(source, [("family", _did_not_load(family_name, error))]) from error
     try:
         return family.spec_model.model_validate(dict(data), context={"built": built})
     except ValidationError as error:
-        problems = _problems_from(error, family.schema_reference())
+        problems = _problems_from(error, family.schema_reference(), key_texts or {})
         if "family" not in data:
             problems = _family_hint(data, family_name) + problems
+        if built:  # a module built by another layoutgen, or edited: the rules here refuse its spec
+            raise SpecError(source, problems, _STALE_MODULE) from None
         raise SpecError(source, problems) from None
+    except Exception as error:  # a family's validator raising what pydantic does not wrap (a TypeError, say)
+        problem = f"the {family_name} family's spec model raised {type(error).__name__}: {_shown(str(error), 300)}"
+        raise SpecError(source, [("(spec)", problem)]) from error
+
+
+_STALE_MODULE = (
+    "cannot import this generated module: its spec does not validate with this layoutgen; rebuild it from its spec "
+    "(layoutgen build --spec FILE.yaml --out DIR)"
+)
+
+
+def _module_file(module_name: str) -> str:
+    """A generated module's file, from its import name while its body runs (the name is an internal one)."""
+    module = sys.modules.get(module_name)
+    return getattr(module, "__file__", None) or module_name
+
+
+def _how_to_register(family: str) -> str:
+    from layoutgen.settings import FAMILIES
+
+    return (
+        f"a family outside layoutgen is registered with {FAMILIES.name}={family}=PACKAGE in the environment or "
+        f"layoutgen.family.register({family!r}, 'PACKAGE') in Python (PACKAGE: the importable package whose FAMILY "
+        "is that family)"
+    )
+
+
+def _did_not_load(family: str, error: Exception) -> str:
+    return (
+        f"the family {family!r} is registered but did not load ({type(error).__name__}: {_shown(str(error), 300)}); "
+        "fix its package, or the register() call that names it"
+    )
 
 
 def _unregistered_family(module_name: str, family: str) -> SpecError:
-    """A generated module importing while its family is not registered in this process: name the module's
-    file (its import name is an internal one) and how to register the family."""
-    module = sys.modules.get(module_name)  # the importing module is in sys.modules while its body runs
-    path = getattr(module, "__file__", None) or module_name
+    """A generated module (`module_name`: its file) importing while its family is not registered in this
+    process: name the file and how to register the family."""
+    path = module_name  # parse_spec made it the module's file already
     fix = (
         f"its family {family!r} is not registered in this process; register it before importing the module: "
         f"layoutgen.family.register({family!r}, 'PACKAGE') in Python, or LAYOUTGEN_FAMILIES={family}=PACKAGE in "
@@ -253,7 +328,7 @@ def _family_hint(data: Mapping[str, Any], assumed: str) -> list[tuple[str, str]]
     keys = set(data)
     matches = [
         family.name
-        for family in families()
+        for family in _loadable_families()
         if family.name != assumed and keys <= set(family.spec_model.model_fields) and keys - {"name", "summary"}
     ]
     if not matches:
@@ -266,75 +341,20 @@ def _family_hint(data: Mapping[str, Any], assumed: str) -> list[tuple[str, str]]
     ]
 
 
-_PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
-_INT_TAG = "tag:yaml.org,2002:int"
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """Safe loader that also refuses aliases (no billion-laughs expansion), explicit tags (`!!binary`,
-    `!!int`, local tags, the non-specific `!`), integers written other than in plain decimal (YAML 1.1
-    reads `020` as octal 16 and `1:30` as 90), nesting deeper than MAX_YAML_DEPTH (PyYAML would recurse
-    until RecursionError) and duplicate keys."""
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.constructor.ConstructorError(
-                None, None, "YAML aliases are not allowed in layout specs; write the value out", event.start_mark
-            )
-        event = self.peek_event()
-        if getattr(event, "tag", None) is not None:  # untagged nodes have None; `! x` is a tag too
-            raise yaml.constructor.ConstructorError(
-                None, None, f"YAML tags ({event.tag}) are not allowed in layout specs; write the plain value",
-                event.start_mark,
-            )  # fmt: skip
-        if self._depth >= MAX_YAML_DEPTH:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"nested deeper than {MAX_YAML_DEPTH} levels; a layout spec is about 4 levels deep",
-                event.start_mark,
-            )
-        self._depth += 1
+def _loadable_families() -> list[Any]:
+    """The registered families that load: one that does not (a plug-in not installed here) is no hint for a
+    spec of another family, and its failure must not hide that spec's own problems."""
+    try:
+        names = family_names()
+    except ValueError:  # a malformed LAYOUTGEN_FAMILIES: the built-in families still hint
+        names = sorted(BUILTIN_FAMILIES)
+    loaded = []
+    for name in names:
         try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_yaml_int(self, node: Any) -> Any:
-        if not _PLAIN_INT.fullmatch(str(node.value)):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"the integer {node.value!r} is not plain decimal (YAML reads leading zeros as octal "
-                "and colons as base 60); write it as digits without a leading zero", node.start_mark,
-            )  # fmt: skip
-        return super().construct_yaml_int(node)
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    "YAML merge keys (<<) are not allowed in layout specs; write the keys out",
-                    key_node.start_mark,
-                )
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, Hashable):
-                raise yaml.constructor.ConstructorError(
-                    None, None, "a key is a list or a mapping; keys are plain words", key_node.start_mark
-                )
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}; keep one", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(_INT_TAG, _StrictLoader.construct_yaml_int)
+            loaded.append(get_family(name))
+        except Exception:  # whatever the plug-in's import raises; the family itself reports it when a spec names it
+            continue
+    return loaded
 
 
 def _yaml_problem(error: yaml.YAMLError, source: str) -> str:
@@ -346,16 +366,22 @@ def _yaml_problem(error: yaml.YAMLError, source: str) -> str:
 def parse_spec_text(text: str, source: str = "<spec>") -> Any:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
         raise SpecError(source, [("(file)", f"larger than {MAX_SPEC_BYTES} bytes; a layout spec is ~20 lines")])
+    key_texts: dict[Any, str] = {}
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        loader = StrictLoader(text, key_texts)  # its reader checks the characters here already
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as error:
         raise SpecError(source, [("(yaml)", _yaml_problem(error, source))]) from None
     except (ValueError, RecursionError) as error:  # e.g. an integer longer than Python's int-from-text limit
         raise SpecError(source, [("(yaml)", _shown(" ".join(str(error).split()), limit=200))]) from None
-    if data is None and not text.strip(" \t\r\n-."):  # nothing but blanks or document markers, not `null`
-        problem = f"the file is empty; a spec is a mapping of keys (name, summary, ...: see {SCHEMA_DOC})"
+    if data is None:  # nothing but blanks, comments, document markers or a lone `null`
+        what = "" if not text.strip(" \t\r\n-.") else " (it holds no keys, only comments or null)"
+        problem = f"the file is empty{what}; a spec is a mapping of keys (name, summary, ...: see {SCHEMA_DOC})"
         raise SpecError(source, [("(top level)", problem)])
-    return parse_spec(data, source)
+    return parse_spec(data, source, key_texts=key_texts)
 
 
 def load_spec(path: str | Path) -> Any:

@@ -14,6 +14,7 @@ import yaml
 
 from layoutgen import codegen
 from layoutgen.dcp import FAMILY as DCP_FAMILY
+from layoutgen.files import GENERATED_MARK
 from layoutgen.spec import load_spec
 
 PYNCCL_SPEC = DCP_FAMILY.spec_dir / "pynccl_a2a.yaml"
@@ -210,7 +211,8 @@ def test_a_failing_module_is_not_written_and_the_previous_one_is_kept(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    previous = "# the module an earlier build wrote\n"
+    # An earlier build's module (a hand-written file there is refused before anything is verified).
+    previous = f"{GENERATED_MARK}0.1.0 from pynccl_a2a.yaml (spec sha256 000000000000). DO NOT EDIT.\n"
     (out / "pynccl_a2a.py").write_text(previous, encoding="utf-8")
     seen = fake_verification(monkeypatch, failing={"pynccl_a2a"})
     code, stdout, stderr = build_here(

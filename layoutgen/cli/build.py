@@ -19,6 +19,8 @@ from layoutgen.cli.common import (
     say,
 )
 from layoutgen.cli.paths import check_directory_path, check_writable_dir
+from layoutgen.family import FamilyDeclarationError
+from layoutgen.files import GENERATED_MARK
 from layoutgen.tuning.offline import ARCH
 
 
@@ -35,9 +37,10 @@ def _spec_sources(spec_files: list[str] | None) -> tuple[list[tuple[Any, Path]],
     return list(sources.values()), False
 
 
-def _refuse_spec_files_into_checkout(sources: list[tuple[Any, Path]]) -> None:
-    """Without --out only bundled specs are built: the checkout's generated/ holds their modules alone, so a
-    spec file's module there would replace a bundled one or be an orphan that `build --check` fails on."""
+def _refuse_spec_files_into_checkout(sources: list[tuple[Any, Path]], out: str | None) -> None:
+    """Into the checkout's generated/ (no --out, or an --out that is that directory) only bundled specs are
+    built: it holds their modules alone, so a spec file's module there would replace a bundled one or be an
+    orphan that `build --check` fails on."""
     from layoutgen.spec import bundled_spec_paths
 
     bundled = {path.resolve(): path.stem for path in bundled_spec_paths()}
@@ -48,10 +51,27 @@ def _refuse_spec_files_into_checkout(sources: list[tuple[Any, Path]]) -> None:
             consequence = f"would replace the module of the bundled spec '{spec.name}'"
         else:
             consequence = "would be a module `layoutgen build --check` reports as stale"
+        named = "" if out is None else f" other than {out}, which is the checkout's generated/"
         raise bad_input(
-            f"--spec {path}: its module goes to a directory of your own: pass --out DIR (generated/{spec.name}.py "
-            f"in the checkout holds the bundled specs' modules only and {consequence})"
+            f"--spec {path}: its module goes to a directory of your own: pass --out DIR{named} (generated/"
+            f"{spec.name}.py in the checkout holds the bundled specs' modules only and {consequence})"
         )
+
+
+def _is_default_out(out: str | None, out_dir: Path) -> bool:
+    """Whether the build writes into the checkout's generated/: no --out, or an --out naming that directory
+    (by any path: relative, absolute, through a symlink)."""
+    if out is None:
+        return True
+    from layoutgen.loader import source_root
+
+    root = source_root()
+    if root is None or not out_dir.is_dir():
+        return False
+    try:
+        return os.path.samefile(out_dir, root / "generated")
+    except OSError:
+        return False
 
 
 def _default_out_dir() -> Path:
@@ -98,18 +118,22 @@ def build(
     if out == "":
         raise bad_input("--out needs a directory, e.g. --out generated_mine")
     sources, bundled = _spec_sources(spec)
-    if out is None:
-        _refuse_spec_files_into_checkout(sources)
     out_dir = Path(out) if out is not None else _default_out_dir()
     where = f"--out {out_dir}" if out is not None else f"the checkout's {out_dir}"
     if out is not None:
         check_directory_path(out_dir, where)  # a link to nothing, a loop or a long name: before resolving it
         _refuse_inside_package(out_dir)
-    owns_directory = bundled and out is None
+    # The checkout's generated/ named by --out is the default directory: the same rules, however it is named.
+    default_out = _is_default_out(out, out_dir)
+    if default_out:
+        _refuse_spec_files_into_checkout(sources, out)
+    owns_directory = bundled and default_out
     try:
         planned = codegen.plan_outputs(sources, out_dir, with_init=owns_directory)
     except ValueError as error:
         raise bad_input(str(error)) from None
+    except FamilyDeclarationError as error:  # a family's templates or context at fault: its author's fix
+        raise CommandFailed(str(error), code=1) from None
     if check:
         check_directory_path(out_dir, where)  # a file there is bad input, as without --check, not "stale"
         problems = codegen.stale_files(planned, out_dir, owns_directory)
@@ -117,11 +141,15 @@ def build(
             for problem in problems:
                 say(problem, "red", err=True)
             rebuild = _build_command(spec, out)
-            raise CommandFailed(f"{len(problems)} generated file(s) out of date; run `{rebuild}`", code=1)
+            orphans = [problem for problem in problems if problem.endswith("delete it")]
+            fixes = [f"run `{rebuild}`"] if len(orphans) < len(problems) else []
+            fixes += ["delete the files that a line above says to delete"] if orphans else []
+            raise CommandFailed(f"{len(problems)} generated file(s) out of date; {' and '.join(fixes)}", code=1)
         say(f"{len(planned)} generated file(s) up to date in {out_dir}", "green", wrap=False)
         return
     check_writable_dir(out_dir, where)
     _refuse_directories_in_the_way(planned)
+    _refuse_files_not_generated(planned)
     if not verify:
         written = _write(planned, out_dir)
         say(f"{len(written)} written, {len(planned) - len(written)} unchanged in {out_dir}", wrap=False)
@@ -168,6 +196,20 @@ def _refuse_directories_in_the_way(items: list[Any]) -> None:
             raise bad_input(f"cannot write {item.path}: it is a directory; remove it or pass another --out")
 
 
+def _refuse_files_not_generated(items: list[Any]) -> None:
+    """A file in a module's place that layoutgen did not generate (someone's `mylib.py` next to a spec named
+    `mylib`) is never replaced: said before anything is verified or written, naming that file."""
+    from layoutgen import codegen
+
+    for item in items:
+        if item.spec is not None and os.path.lexists(item.path) and codegen.not_generated(item.path):
+            raise bad_input(
+                f"cannot write {item.path}: it is {codegen.NOT_GENERATED} (its first line is not "
+                f"'{GENERATED_MARK.strip()} ...'), so it is not replaced; move it or rename the spec "
+                f"'{item.spec.name}' (its `name:`), or pass another --out"
+            )
+
+
 def _write(items: list[Any], out_dir: Path) -> list[Path]:
     """Write each planned file whose text changed; the paths written."""
     from layoutgen import codegen
@@ -185,7 +227,7 @@ def _write(items: list[Any], out_dir: Path) -> list[Path]:
 def _verify_staged(modules: list[Any]) -> list[Any]:
     """Verify the text each module is about to get, imported from a fresh private temporary directory: a module
     joins --out only once it passed, and what was verified is exactly the text written (never a module the
-    loader, which caches by path, imported from --out earlier in this process)."""
+    loader, which caches by path and file version, imported from --out earlier in this process)."""
     import tempfile
 
     try:

@@ -95,6 +95,8 @@ def resolve_spec(text: str) -> Any:
         specs = bundled_specs()
         if text in specs:
             return specs[text]
+        if path.is_dir():  # `--spec specs`, a folder of specs: no spec file either
+            raise bad_input(f"{text} is a directory, not a spec: pass a spec YAML file in it ({text}/NAME.yaml)")
         known = ", ".join(p.stem for p in bundled_spec_paths())
         raise bad_input(f"no bundled spec named '{text}' and no file of that name; bundled specs: {known}")
     if path.suffix == ".py":

@@ -192,7 +192,9 @@ def test_the_reference_refuses_other_tensors() -> None:
     spec = generated_module("deepspeed_ulysses").SPEC
     shape = make_shape(spec, N, S_LOCAL, HEADS, HEADS, D, B=B)
     bufs = UlyssesBuffers.allocate(spec, "to_attention", shape)
-    with pytest.raises(ValueError, match=r"tensors must map the tensors \['q', 'k', 'v'\] of the to_attention direction"):
+    with pytest.raises(
+        ValueError, match=r"tensors must map the tensors \['q', 'k', 'v'\] of the to_attention direction"
+    ):
         reference.scatter({"q": torch.zeros(1)}, bufs)
     with pytest.raises(ValueError, match="moves \\['q', 'k', 'v'\\], not 'x'"):
         bufs.wire_view("x")
