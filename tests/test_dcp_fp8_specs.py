@@ -36,8 +36,9 @@ def spec_with(**changes: Any) -> Any:
             "payload.scale_block",
             "only for an fp8",
         ),
-        ({"payload": {**BASE["payload"], "scale_block": 24}}, "payload.scale_block", "power of two >= 16"),
-        ({"payload": {**BASE["payload"], "scale_block": 8}}, "payload.scale_block", "power of two >= 16"),
+        ({"payload": {**BASE["payload"], "scale_block": 24}}, "payload.scale_block", "power of two from 16 to 65536"),
+        ({"payload": {**BASE["payload"], "scale_block": 8}}, "payload.scale_block", "power of two from 16 to 65536"),
+        ({"payload": {**BASE["payload"], "scale_block": 2**70}}, "payload.scale_block", "quantised by one program"),
         (
             {"payload": {**BASE["payload"], "scale_axes": ["peer", "batch", "head", "block"]}},
             "payload.scale_axes",

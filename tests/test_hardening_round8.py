@@ -13,6 +13,9 @@ interpreter; torch.compile cases use the eager backend.
   (torch sends such a call to the fake kernel).
 * Sparse and lazily negated tensors were read as memory (a negated `lse` with its sign lost).
 * `DcpExchange` raised ValueError for an `empty` of the wrong type, where the module's pack raises TypeError.
+* From a review of the fp8 wire: `diff` of an e4m3fn and an e5m2 spec said every element lands in place and
+  not that the wire dtype differs; the quantisation reference raised torch's reshape errors for a block that
+  does not divide the row.
 """
 
 from __future__ import annotations
@@ -160,3 +163,32 @@ def test_the_exchange_raises_the_pack_s_exception_types_for_empty() -> None:
         exchange(out, lse, empty=[False] * B)
     with pytest.raises(ValueError, match=r"empty must be None or a torch.bool tensor \[R=3\]"):
         exchange(out, lse, empty=torch.zeros(B + 1, dtype=torch.bool))
+
+
+def test_diff_names_the_wire_dtype_when_every_element_lands_in_place() -> None:
+    # An e4m3fn wire against an e5m2 one places every element alike, and every code byte means something else:
+    # the summary said only "288 of 288 logical elements land at the same buffer and byte offsets".
+    from layoutgen.show import diff_layouts, diff_summary
+    from layoutgen.spec import bundled_specs
+
+    e4m3 = bundled_specs()["pynccl_a2a_fp8"]
+    e5m2 = type(e4m3).model_validate(
+        {**e4m3.model_dump(mode="json"), "name": "pynccl_a2a_e5m2",
+         "payload": {**e4m3.model_dump(mode="json")["payload"], "dtype": "float8_e5m2"}}
+    )  # fmt: skip
+    found = diff_layouts(e4m3, e5m2, {"N": 2, "B": 2, "H": 4, "D": 16}, "bfloat16")
+    assert not found.identical and found.differing_fields == ("payload.dtype",)
+    assert "Yet the specs differ in payload.dtype" in diff_summary(found)
+
+
+def test_the_quantisation_reference_names_a_block_that_does_not_divide_the_row() -> None:
+    from layoutgen.dcp import quant
+
+    values = torch.randn(2, 24)
+    with pytest.raises(ValueError, match=r"scale_block must be a positive divisor of D=24, got 16"):
+        quant.quantise(values, 16, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"scale_block must be a positive divisor of D=24, got 0"):
+        quant.block_scales(values, 0, torch.float8_e4m3fn)
+    codes, _ = quant.quantise(values[:, :16], 16, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"16 codes per row must split into the 3 blocks of the scales"):
+        quant.dequantise(codes, torch.ones(2, 3))

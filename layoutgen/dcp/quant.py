@@ -15,7 +15,10 @@ consecutive elements of one row (b, h), on the float32 value x of each element:
 * so a block whose largest magnitude is 0 (e.g. the rows of empty requests, written as +0.0) gets scale 1
   and zero codes, and -0.0 stays -0.0 (code 0x80).
 
-Dequantisation is `q * scale` in float32 (exact for every code; 0x7F is NaN).
+Dequantisation is `q * scale` in float32 (exact for every code while the scale is a normal float32, i.e.
+amax above about FMAX * 2^-126: 5e-36 for e4m3fn; 0x7F is NaN).  Below that, reachable only from float32
+inputs, the scale is subnormal and keeps few bits, so the largest element's quotient can pass FMAX and be
+clamped: its error can reach 1/8 of its magnitude, beyond the 2^-4 bound of docs/design.md §4.3.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def block_scales(x: torch.Tensor, scale_block: int, dtype: torch.dtype) -> torch
     """float32 scales `[..., D / scale_block]` of float32 values `x [..., D]` (see the module docstring)."""
     if x.dtype != torch.float32:
         raise TypeError(f"quantise float32 values, got {x.dtype}")
+    if scale_block < 1 or x.shape[-1] % scale_block:
+        raise ValueError(f"scale_block must be a positive divisor of D={x.shape[-1]}, got {scale_block}")
     blocks = x.reshape(*x.shape[:-1], x.shape[-1] // scale_block, scale_block)
     magnitude = blocks.abs()
     amax = torch.where(magnitude < INF, magnitude, 0.0).amax(dim=-1)
@@ -65,6 +70,10 @@ def quantise(x: torch.Tensor, scale_block: int, dtype: torch.dtype) -> tuple[tor
 def dequantise(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """float32 `q * scale` of fp8 codes `[..., D]` and their float32 scales `[..., D / scale_block]`."""
     blocks = scales.shape[-1]
+    if tuple(scales.shape[:-1]) != tuple(codes.shape[:-1]):
+        raise ValueError(f"scales {tuple(scales.shape)} must have the leading shape of codes {tuple(codes.shape)}")
+    if blocks < 1 or codes.shape[-1] % blocks:
+        raise ValueError(f"{codes.shape[-1]} codes per row must split into the {blocks} blocks of the scales")
     values = codes.to(torch.float32)
     values = values.reshape(*codes.shape[:-1], blocks, codes.shape[-1] // blocks) * scales.to(torch.float32)[..., None]
     return values.reshape(codes.shape)

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from layoutgen.config import MAX_TILE_ELEMENTS
 from layoutgen.family import content_hash
 from layoutgen.spec import FieldError, SpecBase, Transport
 
@@ -36,6 +37,9 @@ STATS_AXES: tuple[str, ...] = ("peer", "batch", "head", "slot")
 SCALE_AXES: tuple[str, ...] = ("peer", "batch", "head", "block")
 #: The smallest scale block: a float32 scale per 16 fp8 elements already adds a quarter to the payload bytes.
 MIN_SCALE_BLOCK = 16
+#: The largest: one program quantises a whole block, and a launch config's tile holds at most
+#: `layoutgen.config.MAX_TILE_ELEMENTS` elements.
+MAX_SCALE_BLOCK = MAX_TILE_ELEMENTS
 
 
 class PayloadDtype(str, Enum):
@@ -114,11 +118,12 @@ class PayloadSpec(_Model):
                     )
             return self
         block = self.scale_block
-        if block is not None and (block < MIN_SCALE_BLOCK or block & (block - 1)):
+        if block is not None and (block < MIN_SCALE_BLOCK or block > MAX_SCALE_BLOCK or block & (block - 1)):
             raise FieldError(
                 "payload.scale_block",
-                f"must be a power of two >= {MIN_SCALE_BLOCK} (elements of a row per float32 scale; it must also "
-                f"divide D), got {block}; leave it out for one scale per row",
+                f"must be a power of two from {MIN_SCALE_BLOCK} to {MAX_SCALE_BLOCK} (elements of a row per float32 "
+                f"scale, quantised by one program; it must also divide D), got {block}; leave it out for one scale "
+                "per row",
             )
         return self
 

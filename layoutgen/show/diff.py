@@ -242,6 +242,12 @@ def diff_summary(diff: LayoutDiff, runs: bool = True) -> str:
             f"{diff.same_place} of {sum(counts.values())} logical elements land at the same buffer and byte offsets "
             f"in both. {where}"
         )
+        if diff.differing_fields and diff.same_place == sum(counts.values()):
+            # Every element in place, yet not identical: other bytes there (an e4m3fn against an e5m2 wire).
+            verdict += (
+                f" Yet the specs differ in {', '.join(diff.differing_fields)}, and the buffers' dtypes or sizes "
+                "with them: a port changes the kernels."
+            )
     not_compared = f" Not compared: {diff.not_compared}." if diff.not_compared else ""
     return f"{diff.layout_a.elements_phrase(counts)} in {len(diff.runs)} runs. {verdict}{not_compared}"
 
