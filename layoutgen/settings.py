@@ -8,7 +8,6 @@ two in step).  The shapes follow Triton's `knobs.py`: one typed descriptor per v
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,34 +93,6 @@ def _families(text: str) -> dict[str, str]:
     return pairs
 
 
-def _forced_configs(text: str) -> str:
-    """`LAYOUTGEN_CONFIG` as given, refused where it names a key twice in one object (`{"pack": ...,
-    "pack": ...}`: Python's json keeps the last without a word; the tuning database refuses the same); its
-    other rules are `layoutgen.runtime.configs.forced_fields`' (JSON, kernel names, fields)."""
-    twice = _key_given_twice(text)
-    if twice is not None:
-        raise SettingError(
-            f"LAYOUTGEN_CONFIG names the key {twice[:80]!r} twice in one object; keep one (which of the two "
-            "would win is not what the text says)"
-        )
-    return text
-
-
-@functools.lru_cache(maxsize=8)  # read at every config resolution: parse each text once
-def _key_given_twice(text: str) -> str | None:
-    from layoutgen.strict_json import DuplicateKey, loads
-
-    if text.count("[") + text.count("{") > 1000:  # forced_fields refuses it before any parse
-        return None
-    try:
-        loads(text)
-    except DuplicateKey as twice:
-        return twice.key
-    except (ValueError, RecursionError):  # not JSON: forced_fields says so, in its own words
-        return None
-    return None
-
-
 DEBUG = Variable(
     "LAYOUTGEN_DEBUG",
     "`1`: show tracebacks for CLI errors (`1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`, in any case; "
@@ -145,7 +116,7 @@ CONFIG = Variable(
     "the heuristic default's value (the tuning database is not consulted); a malformed value (a key given twice "
     "in one object included), or a kernel name no family has, raises `ValueError` at the first call (`layoutgen "
     "build` refuses it before verifying, exit 2)",
-    _forced_configs,
+    str,
     "",
 )
 CACHE_DIR: Variable[Path | None] = Variable(

@@ -310,10 +310,9 @@ def _did_not_load(family: str, error: Exception) -> str:
     )
 
 
-def _unregistered_family(module_name: str, family: str) -> SpecError:
-    """A generated module (`module_name`: its file) importing while its family is not registered in this
-    process: name the file and how to register the family."""
-    path = module_name  # parse_spec made it the module's file already
+def _unregistered_family(path: str, family: str) -> SpecError:
+    """A generated module (at `path`) importing while its family is not registered in this process: name the
+    file and how to register the family."""
     fix = (
         f"its family {family!r} is not registered in this process; register it before importing the module: "
         f"layoutgen.family.register({family!r}, 'PACKAGE') in Python, or LAYOUTGEN_FAMILIES={family}=PACKAGE in "

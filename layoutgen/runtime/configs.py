@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from layoutgen import tuning_db
+from layoutgen import strict_json, tuning_db
 from layoutgen.config import LaunchConfig
 from layoutgen.family import KernelDecl, families, get_family
 from layoutgen.settings import CONFIG, TUNING_DB, settings
@@ -282,7 +282,12 @@ def forced_fields(kernel: KernelDecl) -> dict[str, int] | None:
         if text.count("[") + text.count("{") > 1000:
             raise ValueError(f"{CONFIG.name} nests far deeper than a config; got {text[:80]!r}...")
         try:
-            data = json.loads(text)
+            data = strict_json.loads(text)  # a key given twice is refused, as in the tuning database
+        except strict_json.DuplicateKey as twice:
+            raise ValueError(
+                f"{CONFIG.name} names the key {twice.key[:80]!r} twice in one object; keep one (which of the two "
+                "would win is not what the text says)"
+            ) from None
         except json.JSONDecodeError as error:
             raise ValueError(f"{CONFIG.name} is not valid JSON: {error}; got {text[:200]!r}") from None
         except RecursionError:

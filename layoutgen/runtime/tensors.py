@@ -308,8 +308,6 @@ def check_plain(label: str, tensor: torch.Tensor, context: str = "") -> None:
             f"{context}{label} must be a dense tensor, got a {str(tensor.layout).removeprefix('torch.')} tensor "
             f"of shape {list(tensor.shape)}: convert it with .to_dense()"
         )
-    if torch.compiler.is_compiling():
-        return  # Dynamo cannot trace is_neg(); the custom op checks its tensors again when it runs
     for bit, is_set, resolve in (
         ("negation", tensor.is_neg(), "resolve_neg"),
         ("conjugation", tensor.is_conj(), "resolve_conj"),

@@ -13,28 +13,18 @@ backend (the custom ops' real implementations run the kernels).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 from conftest import generated_module, requires_interpreter
 
-from layoutgen.runtime import reset_caches
 from layoutgen.ulysses import reference
 from layoutgen.ulysses.layout import Shape, UlyssesBuffers
 
-pytestmark = requires_interpreter
+pytestmark = [requires_interpreter, pytest.mark.usefixtures("fresh_dynamo_and_plans")]
 
 N, S_LOCAL, B, H, D = 2, 3, 1, 4, 4
-
-
-@pytest.fixture(autouse=True)
-def fresh() -> Iterator[None]:
-    torch._dynamo.reset()
-    reset_caches()
-    yield
-    reset_caches()
 
 
 def shards(seed: int = 0) -> tuple[torch.Tensor, ...]:
