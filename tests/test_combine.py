@@ -8,9 +8,11 @@ produces NaN and fails.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-from conftest import NAN_BYTE, fill_bytes, make_spec, render_module, requires_interpreter
+from conftest import CANARY, NAN_BYTE, fill_bytes, make_spec, render_module, requires_interpreter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,9 +45,11 @@ def random_partials(N, B, h, D, dtype, generator, lse_scale=4.0):
     return partial_out, partial_lse
 
 
-def check_combine(module, bufs, B, base, return_lse, out=None, config=None):
+def check_combine(module, bufs, B, base, return_lse, out=None, config=None, out_lse=None):
     """Run the generated combine and compare with the float64 reference; returns (out, lse)."""
-    got, got_lse = module.combine(bufs, B, lse_base=base, return_lse=return_lse, out=out, config=config)
+    got, got_lse = module.combine(
+        bufs, B, lse_base=base, return_lse=return_lse, out=out, config=config, out_lse=out_lse
+    )
     want, want_lse = reference.combine(bufs, B, base, return_lse=True)
     lse = bufs.lse_view(B)
     valid = ~(torch.isnan(lse) | (lse.abs() == INF))
@@ -80,7 +84,30 @@ def test_combine_matches_the_float64_reference(spec_name, base, return_lse, spec
     dtype, N, B, B_max, h, D = SHAPES[spec_name]
     partial_out, partial_lse = random_partials(N, B, h, D, dtype, generator)
     bufs = receive_buffers(spec_modules[spec_name], partial_out, partial_lse, B_max, dtype)
-    check_combine(spec_modules[spec_name], bufs, B, base, return_lse)
+    check_guarded_combine(spec_modules[spec_name], bufs, B, base, return_lse)
+
+
+def check_guarded_combine(module, bufs, B, base, return_lse, config=None):
+    """`check_combine` into `out` (and `out_lse`) with canary guards on both sides as wide as the buffers'
+    B_max rows: a store past the B live rows (a tile's rows masked by the buffers' capacity, say) fails an
+    assertion here rather than, at best, aborting the interpreter's process."""
+    row = bufs.H // bufs.N * bufs.D  # elements of one merged row
+    out, out_guards = guarded((B, bufs.H // bufs.N, bufs.D), bufs.B_max * row, bufs.dtype)
+    out_lse, lse_guards = guarded((B, bufs.H // bufs.N), bufs.B_max * bufs.H // bufs.N, torch.float32)
+    check_combine(module, bufs, B, base, return_lse, out=out, config=config, out_lse=out_lse if return_lse else None)
+    for label, guards in (("out", out_guards), ("out_lse", lse_guards)):
+        for side, span in zip(("before", "after"), guards, strict=True):
+            written = int((span.view(torch.uint8) != CANARY).sum())
+            assert written == 0, f"combine wrote {written} bytes {side} {label}"
+
+
+def guarded(shape, guard, dtype):
+    """A contiguous tensor of `shape` inside canary bytes, with `guard` canary elements on each side (the
+    tensor and the two guards are returned)."""
+    size = math.prod(shape)
+    storage = torch.empty(guard + size + guard, dtype=dtype)
+    storage.view(torch.uint8).fill_(CANARY)
+    return storage[guard : guard + size].view(shape), (storage[:guard], storage[guard + size :])
 
 
 @pytest.mark.parametrize("base", ["e", "2"])
@@ -205,7 +232,7 @@ def test_combine_with_explicit_configs(spec_name, config, spec_modules, generato
     partial_lse[1, 2, 2] = -INF
     partial_out[1, 2, 2] = NAN
     bufs = receive_buffers(spec_modules[spec_name], partial_out, partial_lse, 4, dtype)
-    check_combine(spec_modules[spec_name], bufs, B, "2", return_lse=True, config=config)
+    check_guarded_combine(spec_modules[spec_name], bufs, B, "2", return_lse=True, config=config)
 
 
 #: Payloads with `peer` innermost.  With batch or head outside it the combine loads every peer's partial of an

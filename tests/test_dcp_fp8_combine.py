@@ -267,6 +267,28 @@ def test_fp8_combine_is_within_the_wire_bound_of_the_unquantised_merge(
         assert float(excess) <= 0.0, (spec_name, rank)
 
 
+@pytest.mark.parametrize("spec_name", SPECS)
+def test_every_fp8_code_decodes_exactly_through_combine(spec_name: str, modules: dict[str, ModuleType]) -> None:
+    """N 1, scales 1, neutral stats, a float32 output: combine returns each code's value as torch decodes it,
+    all 256 codes (subnormals, both zeros, the largest normals, e5m2's infinities, every NaN), in every load
+    path of these layouts. The tolerance tests weigh errors against the largest magnitude of a tensor, which
+    hides a decode that is off by 2x on the subnormal codes alone."""
+    module = modules[spec_name]
+    B, D = 8, 32
+    recv = fill_bytes(module.alloc(1, B, 1, D, torch.float32), NAN_BYTE)
+    codes = torch.arange(256, dtype=torch.uint8).view(1, B, 1, D)
+    recv.payload_view(B).view(torch.uint8).copy_(codes)
+    recv.scale_view(B).fill_(1.0)
+    if module.SPEC.max_sum:
+        recv.max_view(B).fill_(0.0)
+        recv.sum_view(B).fill_(1.0)
+    else:
+        recv.lse_view(B).fill_(0.0)
+    got, _ = module.combine(recv, B)
+    want = codes.view(wire_dtype(module.SPEC, torch.float32)).to(torch.float32)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
 def test_all_empty_rows_and_garbage_scales_give_zero(modules: dict[str, ModuleType]) -> None:
     module = modules["vllm_a2a_fp8"]
     N, B, H, D = 2, 3, 4, 16
