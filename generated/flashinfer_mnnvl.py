@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'flashinfer_mnnvl'
 SPEC_HASH = '07bc0d08768e4812090c136c0f019a32ba3fe65a72df16e19d3a5fcfc4ce659e'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'e8d2bd14aa01035af8080efbac80e2a087b10be3d133cf2e222816603f61f3ea', 'combine': '3b243ede36ab2dec74f88a813da876f7d3ff32c17332b8675eaaf9741aef5711'}
+SOURCE_HASHES = {'pack': '9d9b7b961e0a852cbd4bfd5df2f8fe372b3e26fbb6661cb9b309884de1c2ed4a', 'combine': '3b243ede36ab2dec74f88a813da876f7d3ff32c17332b8675eaaf9741aef5711'}
 SPEC_SUMMARY = 'FlashInfer MNNVL all-to-all; peer axis inside heads, stats padded to 2 words.'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'flashinfer_mnnvl', 'transport': 'external', 'payload': {'axes': ['batch', 'head', 'peer', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'axes': ['batch', 'head', 'peer', 'slot'], 'slots': 2, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'external'
@@ -99,6 +99,7 @@ def _pack_kernel(
     if INDEX_64:
         peer = peer.to(tl.int64)
         batch = batch.to(tl.int64)
+        batch_capacity = batch_capacity.to(tl.int64)
 
     # payload [batch, head, peer, dim], dense; strides in elements.
     payload_stride_batch = (HEADS_PER_PEER * NUM_PEERS * ROW_LEN)

@@ -21,7 +21,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'pynccl_a2a'
 SPEC_HASH = '8a63ca2cc9e3d62f661c10abba83f7197115755e4650b32f64c8fd0ef216374e'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'fcae96993809e632f1f0a59dce34169ff89298753a520a1732eda22385e1643c', 'combine': '63ef778cbad300892dd02925a9bb6c5a3c4fa32ce2bd1d7682ad80b11def5790'}
+SOURCE_HASHES = {'pack': '708d9b659e71ab5ee08efbe17d4385e46bb96a0f732ae826684dc76f9df9d927', 'combine': '63ef778cbad300892dd02925a9bb6c5a3c4fa32ce2bd1d7682ad80b11def5790'}
 SPEC_SUMMARY = "One all_to_all_single buffer; fp32 LSE bits in the row tail (sglang's pynccl a2a path)."
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'pynccl_a2a', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'row_tail'}, 'align_bytes': 4}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
@@ -97,6 +97,7 @@ def _pack_kernel(
     if INDEX_64:
         peer = peer.to(tl.int64)
         batch = batch.to(tl.int64)
+        batch_capacity = batch_capacity.to(tl.int64)
 
     # payload [peer, batch, head, dim + tail], dense; strides in elements.
     payload_stride_peer = batch_capacity * (HEADS_PER_PEER * ROW_LEN)

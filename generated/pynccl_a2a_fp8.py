@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'pynccl_a2a_fp8'
 SPEC_HASH = 'b95b7d581dfddc74e68907abef52c19146742ef6474e39489a62429e895d95f4'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': '97a03f60d372fe2e12cd1f16ddbce0cefec2134297df7fefdddebb6df828345d', 'combine': 'b3ef0c35e8ff0c19e66fd921ad0e2690fab3b5b8ace856ad0f0d1eaf07bca156'}
+SOURCE_HASHES = {'pack': 'bc2a7a70546da4e5dfe921c465e889bbff732054476d3993bd147c705369e677', 'combine': 'b3ef0c35e8ff0c19e66fd921ad0e2690fab3b5b8ace856ad0f0d1eaf07bca156'}
 SPEC_SUMMARY = "pynccl_a2a with an fp8 (e4m3fn) payload; each row's float32 scale follows the LSE in the row tail, rows padded to 16 bytes."
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'pynccl_a2a_fp8', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'float8_e4m3fn'}, 'stats': {'placement': 'row_tail'}, 'align_bytes': 16}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
@@ -226,6 +226,7 @@ def _pack_kernel(
     if INDEX_64:
         peer = peer.to(tl.int64)
         batch = batch.to(tl.int64)
+        batch_capacity = batch_capacity.to(tl.int64)
 
     # payload [peer, batch, head, dim + tail], dense; strides in elements.
     payload_stride_peer = batch_capacity * (HEADS_PER_PEER * ROW_LEN)

@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'trtllm_helix_native_v1'
 SPEC_HASH = '6cf9426a019854edd1ca61a08cc112c8e5bc12e99bacbb5abfced818f79f7306'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': '5e9b7891a9943a8c7976467e4c6cc1638d9d8d1fdeb888eb1c4ad1ca6fb7b90f', 'combine': 'a72164e6ba1d924edc661681964bd4da1ab9ec986deef3349dba3a44cffd7538'}
+SOURCE_HASHES = {'pack': 'd9a6b37e2ee79815ddedd7da6e149b75fc68c8370e27d5c2aa486e859d49612a', 'combine': 'a72164e6ba1d924edc661681964bd4da1ab9ec986deef3349dba3a44cffd7538'}
 SPEC_SUMMARY = 'TensorRT-LLM helix native v1 (FIFO, cp_dim 2): partials [T, H, cp, D] and (max, sum) stats [T, H, cp, 2].'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_native_v1', 'transport': 'external', 'payload': {'axes': ['batch', 'head', 'peer', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['batch', 'head', 'peer', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'external'
@@ -99,6 +99,7 @@ def _pack_kernel(
     if INDEX_64:
         peer = peer.to(tl.int64)
         batch = batch.to(tl.int64)
+        batch_capacity = batch_capacity.to(tl.int64)
 
     # payload [batch, head, peer, dim], dense; strides in elements.
     payload_stride_batch = (HEADS_PER_PEER * NUM_PEERS * ROW_LEN)

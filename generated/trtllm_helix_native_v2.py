@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'trtllm_helix_native_v2'
 SPEC_HASH = 'e509898f46b24b723c3d5ba52f2db46cc5fe11aa7d982d9204b3f22fc6ec0656'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'a7d36030c551e464654ac2a66ebb6a9a82a1b867061807ef8ba0a0dfd5ea3429', 'combine': '83b57bdbd8a4c575ecbe0a8557150488aedd6a6c767d76d87d385920bb012a38'}
+SOURCE_HASHES = {'pack': '4be1d51a485535f8d59376562953f038b196633caa8484178909ff371ce97994', 'combine': '83b57bdbd8a4c575ecbe0a8557150488aedd6a6c767d76d87d385920bb012a38'}
 SPEC_SUMMARY = 'TensorRT-LLM helix native v2 (FIFO, cp_dim 1, the default): partials [T, cp, H, D] and (max, sum) stats [T, cp, H, 2].'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_native_v2', 'transport': 'external', 'payload': {'axes': ['batch', 'peer', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['batch', 'peer', 'head', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'external'
@@ -99,6 +99,7 @@ def _pack_kernel(
     if INDEX_64:
         peer = peer.to(tl.int64)
         batch = batch.to(tl.int64)
+        batch_capacity = batch_capacity.to(tl.int64)
 
     # payload [batch, peer, head, dim], dense; strides in elements.
     payload_stride_batch = (NUM_PEERS * HEADS_PER_PEER * ROW_LEN)

@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'trtllm_helix_nccl'
 SPEC_HASH = '87f3b7ba501c7cc2eb6fca97a86c5e2dfa288328570f264922fb15cf462da5bc'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': 'dbc279b62ea6a015687daf0cb7897cff07758625c8048d1e9dde73314a2637d0', 'combine': '4f2e43f96c67bacf14711ef4aae27786ccba6db0a5949a415f28429d9e94f01f'}
+SOURCE_HASHES = {'pack': '5a02e1e005f8dc4e52660134dd9b34dd02d516e070efec1767927474d3ba7258', 'combine': '4f2e43f96c67bacf14711ef4aae27786ccba6db0a5949a415f28429d9e94f01f'}
 SPEC_SUMMARY = 'TensorRT-LLM helix, cp_dim 0 (NCCL all-to-all): partials [cp, T, H, D] and (max, sum) stats [cp, T, H, 2].'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'trtllm_helix_nccl', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'form': 'max_sum', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 2, 'max_slot': 0, 'sum_slot': 1}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
@@ -99,6 +99,7 @@ def _pack_kernel(
     if INDEX_64:
         peer = peer.to(tl.int64)
         batch = batch.to(tl.int64)
+        batch_capacity = batch_capacity.to(tl.int64)
 
     # payload [peer, batch, head, dim], dense; strides in elements.
     payload_stride_peer = batch_capacity * (HEADS_PER_PEER * ROW_LEN)

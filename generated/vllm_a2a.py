@@ -22,7 +22,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'vllm_a2a'
 SPEC_HASH = '26cd21f2faaee7a6c4fdacc8191ddb61c31c109e5ab0c7f4d32c7bcf231454ae'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': '5095e276a62e130c6d054bc789fcefb22ddb2773a4a2b81f61ca5dd7a1659a34', 'combine': '0d4b770f5074c59639bb7ef7cba3015a7ce9ce632bc2df11604711ec21667102'}
+SOURCE_HASHES = {'pack': '0060d6be936493392655d5b5b3906d0c78253951d2d42baab99218a92f2e7644', 'combine': '0d4b770f5074c59639bb7ef7cba3015a7ce9ce632bc2df11604711ec21667102'}
 SPEC_SUMMARY = "vLLM's split a2a; payload and LSE in two all_to_all_single buffers."
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'vllm_a2a', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'input'}, 'stats': {'placement': 'separate', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 1, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
@@ -99,6 +99,7 @@ def _pack_kernel(
     if INDEX_64:
         peer = peer.to(tl.int64)
         batch = batch.to(tl.int64)
+        batch_capacity = batch_capacity.to(tl.int64)
 
     # payload [peer, batch, head, dim], dense; strides in elements.
     payload_stride_peer = batch_capacity * (HEADS_PER_PEER * ROW_LEN)

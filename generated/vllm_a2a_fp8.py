@@ -23,7 +23,7 @@ from layoutgen.spec import parse_spec as _parse_spec
 SPEC_NAME = 'vllm_a2a_fp8'
 SPEC_HASH = 'eda1569232bb4e07f1f50e82abb714c3ad729fefb44ebe5771bc89c01083ebe0'
 #: Per kernel: a tuning-database entry is current while its kernel's hash is unchanged.
-SOURCE_HASHES = {'pack': '64617c5ee224639e6aa4d1834cb39cfdc134662238e3dea012421b69d1037a70', 'combine': '3e97c93a8a219d7e254c77b9427cb6e30e8611ae5ec4c8cb056629cdc81dcbfe'}
+SOURCE_HASHES = {'pack': '61d3a82117bf982574114f09eb2aa1e23cb7dbe5f64a0b13ba970fbf6c8100c0', 'combine': '3e97c93a8a219d7e254c77b9427cb6e30e8611ae5ec4c8cb056629cdc81dcbfe'}
 SPEC_SUMMARY = 'vllm_a2a with an fp8 (e4m3fn) payload; the LSE and the per-row float32 scales in buffers of their own.'
 SPEC = _parse_spec({**{'family': 'dcp', 'name': 'vllm_a2a_fp8', 'transport': 'all_to_all_single', 'payload': {'axes': ['peer', 'batch', 'head', 'dim'], 'dtype': 'float8_e4m3fn', 'scale_axes': ['peer', 'batch', 'head', 'block']}, 'stats': {'placement': 'separate', 'axes': ['peer', 'batch', 'head', 'slot'], 'slots': 1, 'slot': 0}}, "summary": SPEC_SUMMARY}, source=__name__, built=True)
 TRANSPORT = 'all_to_all_single'
@@ -229,6 +229,7 @@ def _pack_kernel(
     if INDEX_64:
         peer = peer.to(tl.int64)
         batch = batch.to(tl.int64)
+        batch_capacity = batch_capacity.to(tl.int64)
 
     # payload [peer, batch, head, dim], dense; strides in elements.
     payload_stride_peer = batch_capacity * (HEADS_PER_PEER * ROW_LEN)

@@ -49,22 +49,28 @@ class _OfflineDriver:
 
 
 class _CompileOnly:
-    """Stands in for a `@triton.jit` kernel in a launcher: compiles, keeps the result, launches nothing."""
+    """Stands in for a `@triton.jit` kernel in a launcher: compiles, keeps the results, launches nothing."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
-        self.compiled: Any = None
+        self.compiled: list[Any] = []
 
     def __getitem__(self, grid: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> None:
-            self.compiled = self.kernel.run(*args, grid=grid, warmup=True, **kwargs)
+            self.compiled.append(self.kernel.run(*args, grid=grid, warmup=True, **kwargs))
 
         return run
 
 
 def compile_offline(module: ModuleType, job: Mapping[str, Any], arch: int = ARCH) -> Any:
     """Compile the kernel of `job` (the family's compile-job dict: kernel, config, shape, dtype) for
-    compute capability `arch` (x 10); the compiled kernel (`.asm["cubin"]`, `.metadata`)."""
+    compute capability `arch` (x 10); the compiled kernel (`.asm["cubin"]`, `.metadata`) of its last launch."""
+    return compile_offline_all(module, job, arch)[-1]
+
+
+def compile_offline_all(module: ModuleType, job: Mapping[str, Any], arch: int = ARCH) -> list[Any]:
+    """`compile_offline`, every launch of the job in order (a DCP pack job's contract-v2 forms after the
+    plain pack)."""
     import triton.runtime.driver
 
     from layoutgen.family import get_family
@@ -78,10 +84,9 @@ def compile_offline(module: ModuleType, job: Mapping[str, Any], arch: int = ARCH
         get_family(module.SPEC.family).compile_variant(module, job, compiler)
     finally:
         drivers._active = previous
-    compiled = compiler.compiled
-    if compiled is None:
+    if not compiler.compiled:
         raise RuntimeError(f"the launcher of {job['kernel']} launched nothing")
-    return compiled.result() if hasattr(compiled, "result") else compiled
+    return [compiled.result() if hasattr(compiled, "result") else compiled for compiled in compiler.compiled]
 
 
 def unavailable() -> str | None:
