@@ -457,9 +457,13 @@ flag)
         --out "$out/probe_pack_flag_H200.json" 2>&1 | tail -3
     ;;
 gpu)
+    # The 2**32-element buffers (4-17 GiB each) first and alone: beside 11 other workers they would skip for memory.
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_index64_gpu.py 2>&1 \
+        | tee "$out/gpu_tests_index64.log" | tail -2
     # With pytest-xdist in .whl/, 12 workers share the GPU: the suite is compile-bound (212 s on an H100, 23rd pass).
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
     timeout 400 python3 -m pytest -q -p no:cacheprovider $workers tests/gpu tests/ulysses/test_ulysses_gpu.py \
+        --ignore=tests/gpu/test_index64_gpu.py \
         tests/test_tuning.py::test_gpu_pipeline_times_with_cuda_graphs_and_the_compile_pool 2>&1 \
         | tee "$out/gpu_tests.log" | tail -4
     ;;

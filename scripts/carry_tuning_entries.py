@@ -120,7 +120,7 @@ def carry(args: argparse.Namespace, old_directory: Path) -> int:
     from layoutgen.tuning_db import LOCK_TIMEOUT_S, lock_path, read_database
 
     old_modules: dict[str, Any] = {}
-    candidates: dict[Path, dict[str, tuple[CompileKey, str]]] = {}
+    candidates: dict[Path, dict[str, tuple[CompileKey, str, Any]]] = {}
     jobs: dict[CompileKey, tuple[str, str, dict[str, Any]]] = {}
     for path in args.databases:
         candidates[path] = {}
@@ -143,7 +143,7 @@ def carry(args: argparse.Namespace, old_directory: Path) -> int:
             job = compile_job(entry, old_modules[spec][1].SPEC)
             key: CompileKey = (spec, entry.key.kernel, tuple(sorted((k, repr(v)) for k, v in job.items())))
             jobs[key] = (str(old_modules[spec][0]), str(load(spec).__file__), job)
-            candidates[path][name] = (key, current)
+            candidates[path][name] = (key, current, entry)
 
     # Fresh interpreters without TRITON_INTERPRET: under it `@triton.jit` gives functions that cannot compile.
     os.environ.pop("TRITON_INTERPRET", None)
@@ -161,8 +161,8 @@ def carry(args: argparse.Namespace, old_directory: Path) -> int:
 
     failed = 0
     for path, entries in candidates.items():
-        carried = {name: current for name, (key, current) in entries.items() if same[key]}
-        for name, (key, _) in entries.items():
+        carried = {name: (current, entry) for name, (key, current, entry) in entries.items() if same[key]}
+        for name, (key, _, _) in entries.items():
             if not same[key]:
                 failed += 1
                 print(f"different code, left stale: {path.name} {name}")
@@ -171,8 +171,9 @@ def carry(args: argparse.Namespace, old_directory: Path) -> int:
             continue
         with FileLock(str(lock_path(path)), timeout=LOCK_TIMEOUT_S):
             database = read_database(path)
-            for name, current in carried.items():
-                database.entries[name] = database.entries[name].model_copy(update={"source_hash": current})
+            for name, (current, judged) in carried.items():
+                if database.entries.get(name) == judged:  # a tuner may have replaced it since: that one stays
+                    database.entries[name] = judged.model_copy(update={"source_hash": current})
             replace_atomically(path, database.to_json())
     return 1 if failed else 0
 
