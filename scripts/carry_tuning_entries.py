@@ -1,13 +1,12 @@
-"""Carry DCP tuning entries across a kernel-source change that leaves the code they were timed with unchanged.
+"""Carry tuning entries across a kernel-source change that leaves the code they were timed with unchanged.
 
 An entry is current only while its kernel's source hash matches (docs/design.md §7), and nothing is bumped by
 hand. Some changes alter the source of every kernel of a kind and none of the code the tuner timed: a cast
-under `if INDEX_64:` is folded away at every tuned shape (all far below 2**31 elements). For each DCP entry
-whose source hash is that of `generated/<spec>.py` at the git revision REV (or of DIR/<spec>.py) and is not the
-current module's,
-this compiles offline for sm_90 (`layoutgen.tuning.offline`) what the tuner compiled for the entry, from both
-sources: its config at its shape and batch, the capacity the tuner allocates, and the gate's contract-v2 pack
-form. Where the SASS (`cuobjdump -sass`), the resource usage (`cuobjdump -res-usage`: registers, shared
+under `if INDEX_64:` is folded away at every tuned shape (all far below 2**31 elements). For each entry of a
+bundled spec whose source hash is that of `generated/<spec>.py` at the git revision REV (or of DIR/<spec>.py)
+and is not the current module's, this compiles offline for sm_90 (`layoutgen.tuning.offline`) what the tuner
+compiled for the entry, from both sources: its family's workload's compile job (the config at the entry's
+shape and bucket, the capacity the tuner allocates, a DCP pack's masked form). Where the SASS (`cuobjdump -sass`), the resource usage (`cuobjdump -res-usage`: registers, shared
 memory, stack) and the launch metadata (warps, stages, shared memory) of every compile are identical, the
 timing stands and the entry takes the current source hash; every other entry is left as it was, stale, for
 `layoutgen tune`. The databases are rewritten under their lock and atomically.
@@ -34,30 +33,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CompileKey = tuple[str, str, tuple[tuple[str, Any], ...]]
+#: (spec, kernel, variant_args, config): the jobs one compile serves, as the tuner's compile pool groups them.
+CompileKey = tuple[str, str, tuple[Any, ...], tuple[tuple[str, int], ...]]
 
 
-def compile_job(entry: Any, spec: Any) -> dict[str, Any]:
-    """What the tuner's compile pool compiled for a DCP entry (`layoutgen.dcp.workload`'s compile_job)."""
+def compile_job(entry: Any, module: Any) -> Any:
+    """The `CompileJob` the tuner's compile pool built for `entry`: its family's own workload's, on a CUDA device
+    (whose capacity rounding the tuner timed with)."""
     import torch
 
-    from layoutgen.tuning.objective import capacity_for
+    from layoutgen.tuning.objective import Target
+    from layoutgen.tuning.problem import Problem
 
-    extents = dict(entry.key.extents)
-    batch = entry.key.bucket
-    job = {
-        "kernel": entry.key.kernel,
-        "config": dict(entry.config),
-        "N": extents["N"],
-        "H": extents["N"] * extents["Hl"],
-        "D": extents["D"],
-        "dtype": entry.key.dtype,
-        "batch": batch,
-        "capacity": capacity_for(batch, torch.device("cuda")),
-    }
-    if entry.key.kernel == "pack":
-        job["pack_forms"] = ((True, bool(spec.max_sum)),)  # the gate's second pack: an empty mask, (max, sum) in
-    return job
+    problem = Problem(module.SPEC, entry.key.kernel, entry.key.extents, entry.key.dtype)
+    # The L2 size sets only the timing's rotating inputs, nothing the compile job holds.
+    workload = problem.family.workload(Target(problem, module), entry.key.bucket, torch.device("cuda"), 2**26)
+    return workload.compile_job(problem.decl.config_type.from_dict(entry.config))
 
 
 def compiled_code(module_path: str, job: Mapping[str, Any]) -> list[str]:
@@ -117,16 +108,18 @@ def carry(args: argparse.Namespace, old_directory: Path) -> int:
 
     from layoutgen.files import replace_atomically
     from layoutgen.loader import load, load_path
+    from layoutgen.spec import bundled_specs
     from layoutgen.tuning_db import LOCK_TIMEOUT_S, lock_path, read_database
 
     old_modules: dict[str, Any] = {}
     candidates: dict[Path, dict[str, tuple[CompileKey, str, Any]]] = {}
     jobs: dict[CompileKey, tuple[str, str, dict[str, Any]]] = {}
+    bundled = bundled_specs()
     for path in args.databases:
         candidates[path] = {}
         for name, entry in read_database(path).entries.items():
             spec = entry.key.spec
-            if entry.key.family != "dcp":
+            if spec not in bundled:  # a user's spec: its modules are not in generated/
                 continue
             current = load(spec).SOURCE_HASHES[entry.key.kernel]
             if entry.source_hash == current:
@@ -140,9 +133,9 @@ def carry(args: argparse.Namespace, old_directory: Path) -> int:
             if old_modules[spec] is None or old_modules[spec][1].SOURCE_HASHES[entry.key.kernel] != entry.source_hash:
                 print(f"stale, not from {args.from_rev or args.from_dir}: {path.name} {name}")
                 continue
-            job = compile_job(entry, old_modules[spec][1].SPEC)
-            key: CompileKey = (spec, entry.key.kernel, tuple(sorted((k, repr(v)) for k, v in job.items())))
-            jobs[key] = (str(old_modules[spec][0]), str(load(spec).__file__), job)
+            job = compile_job(entry, old_modules[spec][1])
+            key: CompileKey = (spec, job.kernel, job.variant_args, job.config)
+            jobs[key] = (str(old_modules[spec][0]), str(load(spec).__file__), job.variant_job)
             candidates[path][name] = (key, current, entry)
 
     # Fresh interpreters without TRITON_INTERPRET: under it `@triton.jit` gives functions that cannot compile.

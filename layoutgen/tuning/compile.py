@@ -69,6 +69,11 @@ class CompileJob:
     def variant(self) -> tuple[Any, ...]:
         return (self.module_path, self.kernel, self.variant_args, self.config)
 
+    @property
+    def variant_job(self) -> dict[str, Any]:
+        """The job dict the family's `compile_variant` reads."""
+        return {"kernel": self.kernel, "config": dict(self.config), **dict(self.args)}
+
 
 class _WarmupOnly:
     """Stands in for a `@triton.jit` kernel: `kernel[grid](...)` compiles and does not launch."""
@@ -109,7 +114,7 @@ def compile_variant(job: CompileJob) -> CompileError | None:
         return CompileError(f"{type(error).__name__}: {error}", from_triton=False, setup=True)
     try:
         warm = _WarmupOnly(getattr(module, f"_{job.kernel}_kernel"))
-        family.compile_variant(module, {"kernel": job.kernel, "config": dict(job.config), **dict(job.args)}, warm)
+        family.compile_variant(module, job.variant_job, warm)
     except Exception as error:  # reported as the trial's failure reason, never raised across the pool
         return CompileError(f"{type(error).__name__}: {error}", isinstance(error, TritonError))
     return None

@@ -70,9 +70,9 @@ def test_pack_and_combine_past_32_bit_offsets_move_the_small_buffers_bytes(spec_
     else:
         module = generated_module(spec_name)
     spec = module.SPEC
-    one_row = module.alloc(N, 1, H, D, torch.bfloat16).tensors.values()
-    B_max = ELEMENTS // module.alloc(N, 1, H, D, torch.bfloat16).tensors["payload"].numel() + 8
-    needed = 3 * B_max * sum(t.numel() * t.element_size() for t in one_row) // 2
+    one_row = module.alloc(N, 1, H, D, torch.bfloat16).tensors
+    B_max = ELEMENTS // one_row["payload"].numel() + 8
+    needed = 3 * B_max * sum(t.numel() * t.element_size() for t in one_row.values()) // 2
     if torch.cuda.mem_get_info()[0] < needed:
         pytest.skip(f"needs {needed / 2**30:.1f} GiB of free GPU memory")
 
