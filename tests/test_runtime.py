@@ -651,9 +651,12 @@ def test_direct_launch_respecialises_on_alignment_and_device(fake_cuda: list[int
     assert kernel.log[-1][0] == "direct" and kernel.log[-1][1][3] == 2
     direct((a, b))
     assert kernel.log[-1][0] == "direct" and kernel.log[-1][1][3] == 1
+    # The residues swap places: (4, 0) is another specialisation than (0, 4), not the same packed key.
+    direct((storage[1:33].view(4, 8), b))
+    assert kernel.log[-1][0] == "jit" and kernel.compiled == 3
     fake_cuda[0] = 1  # another current device: its own compiled kernel
     direct((a, b))
-    assert kernel.log[-1][0] == "jit" and kernel.compiled == 3
+    assert kernel.log[-1][0] == "jit" and kernel.compiled == 4
 
 
 def test_direct_launch_defers_to_triton_with_hooks_or_globals(fake_cuda: list[int]) -> None:

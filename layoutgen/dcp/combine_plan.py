@@ -17,14 +17,14 @@ from layoutgen.dcp.config import CombineConfig, default_combine_config
 from layoutgen.dcp.plans import CombinePlan
 from layoutgen.runtime.launch import is_jit_function, record_launches
 from layoutgen.runtime.plans import plans_of
-from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable, describe, needs_int64
+from layoutgen.runtime.tensors import OverlapGuard, check_config, check_plain, check_runnable, describe, needs_int64
 
 
 def combine_key(
     owner: Any, B: Any, lse_base: Any, out: Any, return_lse: Any, config: Any, scale: Any = 1.0
 ) -> tuple[Any, ...]:
     """What a combine plan depends on besides the buffers; `combine` inlines it."""
-    out_key = None if out is None else (out.shape, out.stride(), out.dtype, out.device)
+    out_key = None if out is None else (out.shape, out.stride(), out.dtype, out.device, out.is_neg())
     return (owner, B, B.__class__, lse_base, out_key, return_lse, return_lse.__class__, config, scale,
             scale.__class__)  # fmt: skip
 
@@ -95,6 +95,8 @@ def check_out_lse(plan: CombinePlan, buffers: Iterable[torch.Tensor], out: torch
     """A caller's `out_lse`: a contiguous float32 [B, H/N] tensor on the plan's device that shares memory with
     neither `out` nor the buffers combine reads.  Its geometry is fixed by the plan (checked first), so the
     plan keeps the overlap check: 0.7 us a call, against 5 us for measuring every span again (CI-like CPU)."""
+    if isinstance(out_lse, torch.Tensor) and out_lse.is_neg():
+        check_plain("out_lse", out_lse)  # raises: the kernel would write the bytes under a negated view
     if (
         not isinstance(out_lse, torch.Tensor)
         or tuple(out_lse.shape) != plan.out_shape[:2]

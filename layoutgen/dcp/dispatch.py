@@ -142,10 +142,12 @@ class Dispatcher:
                     out.stride(),
                     out.dtype,
                     out.device,
+                    out.is_neg(),
                     lse.shape,
                     lse.stride(),
                     lse.dtype,
                     lse.device,
+                    lse.is_neg(),
                     config,
                 )
             ]
@@ -211,7 +213,7 @@ class Dispatcher:
                     B,
                     B.__class__,  # B=True must not hit B=1's plan: it is validated (and refused) as a new key
                     lse_base,
-                    None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+                    None if out is None else (out.shape, out.stride(), out.dtype, out.device, out.is_neg()),
                     return_lse,
                     return_lse.__class__,
                     config,

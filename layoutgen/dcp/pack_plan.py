@@ -19,15 +19,18 @@ from layoutgen.runtime.tensors import OverlapGuard, check_config, check_runnable
 
 
 def pack_key(owner: Any, out: Any, lse: Any, config: Any) -> tuple[Any, ...]:
-    """What a pack plan depends on besides the buffers (whose dict holds the plans); `pack` inlines it."""
-    return (owner, out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype,
-            lse.device, config)  # fmt: skip
+    """What a pack plan depends on besides the buffers (whose dict holds the plans); `pack` inlines it.
+    A tensor's negation bit is in the key: a `x.conj().imag` view has a plain tensor's geometry, and a hit
+    skips the check that refuses it."""
+    return (owner, out.shape, out.stride(), out.dtype, out.device, out.is_neg(), lse.shape, lse.stride(),
+            lse.dtype, lse.device, lse.is_neg(), config)  # fmt: skip
 
 
 def pack_v2_key(owner: Any, out: Any, first: Any, sums: Any, empty: Any, config: Any) -> tuple[Any, ...]:
     """`pack_key` for a call with an empty mask or (max, sum) inputs."""
-    return (owner, out.shape, out.stride(), out.dtype, out.device, first.shape, first.stride(), first.dtype,
-            first.device, None if sums is None else (sums.shape, sums.stride(), sums.dtype, sums.device),
+    return (owner, out.shape, out.stride(), out.dtype, out.device, out.is_neg(), first.shape, first.stride(),
+            first.dtype, first.device, first.is_neg(),
+            None if sums is None else (sums.shape, sums.stride(), sums.dtype, sums.device, sums.is_neg()),
             None if empty is None else (empty.shape, empty.stride(), empty.dtype, empty.device), config)  # fmt: skip
 
 

@@ -204,7 +204,8 @@ class Dispatcher:
         return plan
 
     def _scatter_key(self, kernel: str, config: Any, tensors: Any) -> tuple[Any, ...]:
-        return (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
+        # The negation bit too: a `x.conj().imag` view has a plain tensor's geometry, and a hit skips its check.
+        return (self, kernel, config, *[(t.shape, t.stride(), t.dtype, t.device, t.is_neg()) for t in tensors])
 
     # gather / gather_out --------------------------------------------------------------------------------
 
@@ -287,7 +288,7 @@ class Dispatcher:
         return plan
 
     def _gather_key(self, kernel: str, config: Any, out: Any) -> tuple[Any, ...]:
-        given = None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device) for t in out)
+        given = None if out is None else tuple((t.shape, t.stride(), t.dtype, t.device, t.is_neg()) for t in out)
         return (self, kernel, config, given)
 
     def _gather_traced(self, kernel: str, bufs: Any, out: Any, config: Any) -> tuple[torch.Tensor, ...]:
