@@ -14,7 +14,9 @@ fails under the mutation it names:
 * every config compiles as its own variant (else one compile failure marks its neighbours failed);
 * the search gives up on a candidate against the best so far;
 * the report says "gate failed", not "none ran";
-* `remove` (db prune) waits for the database lock a tuner holds.
+* `remove` (db prune) waits for the database lock a tuner holds;
+* an entry timed L2-resident and then rotated records the rotation's set count (taken from the first state,
+  the interpreter's only one, a GPU's entries would be re-tuned on every run).
 """
 
 from __future__ import annotations
@@ -258,3 +260,30 @@ def test_a_default_that_cannot_run_is_recorded_as_default_us_zero(
         target.problem.key(1).as_str()
     ]
     assert entry.default_us == 0.0 and entry.config != default.as_dict()
+
+
+@requires_interpreter
+def test_an_entry_timed_resident_then_rotated_records_the_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a GPU, combine (resident_timing) is timed in two cache states, (1, sets), where its call fits the L2:
+    # the entry must record `sets`, the count `decided` compares with (a 1 would be re-tuned on every run).  The
+    # interpreter has no L2; a 64 KiB one is lent to the worker and to the runner.
+    from layoutgen.tuning import runner, worker
+
+    l2_bytes = 1 << 16
+    real_context = worker.make_context
+    monkeypatch.setattr(
+        worker, "make_context", lambda *args: dataclasses.replace(real_context(*args), l2_bytes=l2_bytes)
+    )
+    monkeypatch.setattr(runner, "device_l2", lambda options: l2_bytes)
+    options = tiny_options(tmp_path, kernels=("combine",), buckets=(1,))
+    (target,) = plan.make_targets(options)
+    workload = DcpWorkload(target, 1, torch.device("cpu"), l2_bytes=l2_bytes)
+    assert workload.sets > 1 and workload.states == (1, workload.sets)
+    run_tune(options)
+    entry = read_database(Path(options.db_dir) / device_file_name(CPU_INTERPRETER_DEVICE)).entries[
+        target.problem.key(1).as_str()
+    ]
+    assert entry.rotating_sets == workload.sets
+    assert plan.decided(entry, target, 1, l2_bytes)
