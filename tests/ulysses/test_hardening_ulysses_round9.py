@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,22 +15,15 @@ from conftest import generated_module, requires_interpreter
 from ulysses_cases import alloc, as_tuple, fill, make_shape, random_tensor
 
 from layoutgen import tuning_db
-from layoutgen.runtime import configs, reset_caches
+from layoutgen.runtime import configs
 from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningEntry, TuningKey
 from layoutgen.ulysses import FAMILY as ULYSSES_FAMILY
 from layoutgen.ulysses.config import MAX_GRID_Y, program_counts, runtime_default, tile_axes
 from layoutgen.ulysses.layout import UlyssesBuffers, key_extents, tensor_shape
 
-pytestmark = requires_interpreter
+# No cached plans, LAYOUTGEN_CONFIG unset and empty tuning databases, for every test.
+pytestmark = [requires_interpreter, pytest.mark.usefixtures("clean_dispatch")]
 NEGATION = r"is a view with torch's lazy negation bit set .*\.resolve_neg\(\)"
-
-
-@pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("LAYOUTGEN_CONFIG", raising=False)
-    reset_caches()
-    yield
-    reset_caches()
 
 
 def wire_bytes(bufs: UlyssesBuffers) -> list[bytes]:
