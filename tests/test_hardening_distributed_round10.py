@@ -25,6 +25,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import numpy
 import pytest
 import torch
 import torch.distributed as dist
@@ -134,6 +135,9 @@ def _three_rank_worker(rank: int, problems: list[str]) -> None:
                                          dtype=torch.float32, device="cpu"), "H_kv ("),
         ("B", lambda: UlyssesExchange("deepspeed_ulysses", S_max=2, H=3, B=2 if odd else 1, D=4,
                                       dtype=torch.float32, device="cpu"), "B ("),
+        # NumPy sizes: the agreement once took the raw arguments, which it cannot read, and skipped them.
+        ("NumPy D", lambda: UlyssesExchange("ulysses_qkv_gqa", S_max=numpy.int64(2), H=numpy.int64(6), H_kv=3,
+                                            D=numpy.int64(8 if odd else 4), dtype=torch.float32, device="cpu"), "D ("),
     ]  # fmt: skip
     for label, build, word in disagreements:
         _expect(problems, f"{label} differs on rank 2", build, ValueError, ["differ between ranks", word])

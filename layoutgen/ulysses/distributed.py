@@ -90,7 +90,10 @@ class UlyssesExchange:
             raise
         if self.world_size > 1:
             shape = self.shape
-            fields = _agreement_fields(self.spec.layout_hash(), S_max, H, shape.H_kv, D, shape.B, dtype)
+            # The checked sizes, not the raw arguments: a NumPy integer is unreadable to the agreement and was skipped.
+            fields = _agreement_fields(
+                self.spec.layout_hash(), self.S_max, shape.H, shape.H_kv, shape.D, shape.B, dtype
+            )
             check_ranks_agree(fields, group, self.device, "UlyssesExchange")
 
     def _build(
