@@ -403,6 +403,23 @@ def _gloo_rank(rank: int, worker: Any, world: int, store: str, reports: Any, tim
     reports.put((rank, problems))
 
 
+def expect_error(
+    problems: list[str], label: str, action: Callable[[], Any], words: list[str], kind: type[Exception] = Exception
+) -> None:
+    """In a gloo worker: `action` must raise `kind` with every one of `words` in its message; anything else is
+    appended to `problems`."""
+    try:
+        action()
+    except kind as error:
+        missing = [word for word in words if word not in str(error)]
+        if missing:
+            problems.append(f"{label}: {type(error).__name__}: {error} lacks {missing}")
+    except Exception as error:
+        problems.append(f"{label}: {type(error).__name__}: {error} (wanted {kind.__name__})")
+    else:
+        problems.append(f"{label}: no error")
+
+
 def problems_of_gloo_ranks(worker: Any, world: int, timeout_s: float) -> dict[int, list[str]]:
     """Run `worker(rank, problems)` on `world` spawned processes joined in a gloo group (collectives time out
     after `timeout_s`); each appends what it found wrong to `problems`. Returns rank -> problems."""

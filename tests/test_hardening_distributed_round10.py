@@ -29,7 +29,7 @@ import numpy
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import problems_of_gloo_ranks, requires_interpreter
+from conftest import expect_error, problems_of_gloo_ranks, requires_interpreter
 
 import layoutgen
 
@@ -52,20 +52,6 @@ def _attempt(problems: list[str], label: str, action: Callable[[], None]) -> Non
         action()
     except Exception as error:
         problems.append(f"{label}: {type(error).__name__}: {error}")
-
-
-def _expect(
-    problems: list[str], label: str, action: Callable[[], Any], kind: type[Exception], words: list[str]
-) -> None:
-    try:
-        action()
-        problems.append(f"{label}: no error")
-    except kind as error:
-        missing = [word for word in words if word not in str(error)]
-        if missing:
-            problems.append(f"{label}: {error} lacks {missing}")
-    except Exception as error:
-        problems.append(f"{label}: {type(error).__name__}: {error} (wanted {kind.__name__})")
 
 
 # --- the exchanges over a subgroup, and the checks that need several ranks (3 gloo ranks) ------------------
@@ -140,7 +126,7 @@ def _three_rank_worker(rank: int, problems: list[str]) -> None:
                                             D=numpy.int64(8 if odd else 4), dtype=torch.float32, device="cpu"), "D ("),
     ]  # fmt: skip
     for label, build, word in disagreements:
-        _expect(problems, f"{label} differs on rank 2", build, ValueError, ["differ between ranks", word])
+        expect_error(problems, f"{label} differs on rank 2", build, ["differ between ranks", word], ValueError)
     # C. A call of no rows gives this rank's H/N heads; rows the group cannot split are named; buffers sized
     # for 6 peers are refused by a group of 3.
     exchange = layoutgen.DcpExchange("pynccl_a2a", **dcp, dtype=torch.bfloat16)
@@ -148,15 +134,15 @@ def _three_rank_worker(rank: int, problems: list[str]) -> None:
     if merged.shape != (0, 2, 8) or merged_lse.shape != (0, 2) or merged_lse.dtype != torch.float32:
         problems.append(f"no rows: merged {tuple(merged.shape)}, LSE {tuple(merged_lse.shape)} {merged_lse.dtype}")
     ulysses = UlyssesExchange("ulysses_qkv_gqa", S_max=2, H=6, H_kv=3, D=4, dtype=torch.float32, device="cpu")
-    _expect(problems, "from_attention of 4 rows over 3 ranks", lambda: ulysses.from_attention(torch.randn(4, 2, 4)),
-            ValueError, ["has 4 rows, not a multiple of the group's 3 ranks"])  # fmt: skip
+    expect_error(problems, "from_attention of 4 rows over 3 ranks", lambda: ulysses.from_attention(torch.randn(4, 2, 4)),
+            ["has 4 rows, not a multiple of the group's 3 ranks"], ValueError)  # fmt: skip
     module = layoutgen.load("pynccl_a2a")
     send, recv = (module.alloc(6, 2, 6, 8, torch.float32, "cpu") for _ in range(2))
     for bufs in (send, recv):
         for tensor in bufs.tensors.values():
             tensor.copy_(torch.randn(tensor.shape))
-    _expect(problems, "buffers for 6 peers in a group of 3", lambda: module.exchange(send, recv), ValueError,
-            ["the group has 3 ranks but buffer", "holds 6 peer chunks"])  # fmt: skip
+    expect_error(problems, "buffers for 6 peers in a group of 3", lambda: module.exchange(send, recv),
+            ["the group has 3 ranks but buffer", "holds 6 peer chunks"], ValueError)  # fmt: skip
     # D. Rank 1 refuses its H in the group of two: rank 0 names it (last: were it not told, rank 0 would wait
     # out the subgroup's timeout).
     if rank < 2:
@@ -166,7 +152,7 @@ def _three_rank_worker(rank: int, problems: list[str]) -> None:
             return layoutgen.DcpExchange("pynccl_a2a", pair, B_max=2, H=H, D=8, dtype=torch.float32, device="cpu")
 
         words = ["divisible"] if rank else ["DcpExchange was not built: rank 1 of the group refused", "H (3 on rank 1"]
-        _expect(problems, "a refusal in a group of two", build, ValueError, words)
+        expect_error(problems, "a refusal in a group of two", build, words, ValueError)
     dist.barrier()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import problems_of_gloo_ranks, requires_interpreter
+from conftest import expect_error, problems_of_gloo_ranks, requires_interpreter
 
 import layoutgen
 
@@ -160,37 +160,28 @@ def _ulysses(H: int = 6, **changes: Any) -> Callable[[], Any]:
     return lambda: UlyssesExchange("ulysses_qkv_gqa", **(arguments | changes))
 
 
-def _expect(problems: list[str], label: str, build: Callable[[], Any], words: list[str]) -> None:
-    try:
-        build()
-        problems.append(f"{label}: no error")
-    except Exception as error:
-        if not all(word in str(error) for word in words):
-            problems.append(f"{label}: {type(error).__name__}: {error} (wanted {words})")
-
-
 def _agreement_worker(rank: int, problems: list[str]) -> None:
     os.environ["TRITON_INTERPRET"] = "1"
     # One rank's H is refused by its own check (H % N, after joining the group): the others name it, and H.
     for kind, build in (("DcpExchange", _dcp), ("UlyssesExchange", _ulysses)):
         if rank == 1:
-            _expect(problems, f"{kind} H=5", build(H=5), ["divisible"])
+            expect_error(problems, f"{kind} H=5", build(H=5), ["divisible"])
         else:
             words = [
                 f"{kind} was not built: rank 1 of the group refused its arguments",
                 f"H (5 on rank 1, 6 on rank {rank})",
             ]
-            _expect(problems, f"{kind} beside H=5", build(), words)
+            expect_error(problems, f"{kind} beside H=5", build(), words)
     # Refused before joining the group (dtype), and by two ranks at once (B_max on rank 1, dtype on rank 2).
     if rank == 2:
-        _expect(problems, "dtype int32", _dcp(dtype=torch.int32), ["dtype must be one of"])
+        expect_error(problems, "dtype int32", _dcp(dtype=torch.int32), ["dtype must be one of"])
     else:
-        _expect(problems, "beside dtype int32", _dcp(), ["rank 2 of the group refused", "differs", "dtype"])
+        expect_error(problems, "beside dtype int32", _dcp(), ["rank 2 of the group refused", "differs", "dtype"])
     changes: dict[int, dict[str, Any]] = {1: {"B_max": 0}, 2: {"dtype": torch.int32}}
     refusals = {0: ["ranks 1, 2 of the group refused their arguments"], 1: ["B_max"], 2: ["dtype must be one of"]}
-    _expect(problems, "two ranks refused", _dcp(**changes.get(rank, {})), refusals[rank])
+    expect_error(problems, "two ranks refused", _dcp(**changes.get(rank, {})), refusals[rank])
     # Valid on every rank but different (already refused on every rank): the values are named.
-    _expect(problems, "D differs", _ulysses(D=4 + 4 * (rank == 2)), ["disagrees with rank", "D ("])
+    expect_error(problems, "D differs", _ulysses(D=4 + 4 * (rank == 2)), ["disagrees with rank", "D ("])
     # A valid exchange afterwards: the collectives are still in step.
     exchange = _dcp()()
     merged = exchange(torch.ones(2, 6, 8), torch.zeros(2, 6))
@@ -202,7 +193,7 @@ def _agreement_worker(rank: int, problems: list[str]) -> None:
     subgroup = dist.new_group([0, 1])
     if rank == 2:
         words = ["this process (global rank 2) is not a member of the group passed to exchange"]
-        _expect(problems, "exchange outside the subgroup", lambda: module.exchange(send, recv, subgroup), words)
+        expect_error(problems, "exchange outside the subgroup", lambda: module.exchange(send, recv, subgroup), words)
     else:
         module.exchange(send, recv, subgroup)
     dist.barrier()
