@@ -88,13 +88,21 @@ def source_hashes(spec: Any) -> dict[str, str]:
     return {name: source_hash(unit) for name, unit in render_kernels(spec).items()}
 
 
-def display_name(spec_path: Path) -> str:
-    """How the header names the spec file: stable across machines and working directories."""
+def display_name(spec_path: Path, out_dir: Path | None = None) -> str:
+    """How the header names the spec file: stable across machines and working directories.  A bundled spec by
+    its path in the package; any other by its path from `out_dir` (the module's directory), so that two spec
+    files of one file name (`proj1/spec.yaml`, `proj2/spec.yaml`) built into one directory stay apart, and
+    `build --check` does not take one's module for a left-over of the other; by its file name where no
+    directory is given (a module written elsewhere, as the tuner's)."""
     package_root = Path(__file__).resolve().parent.parent
+    resolved = spec_path.resolve()
     try:
-        return spec_path.resolve().relative_to(package_root).as_posix()
+        return resolved.relative_to(package_root).as_posix()
     except ValueError:
+        pass
+    if out_dir is None:
         return spec_path.name
+    return Path(os.path.relpath(resolved, out_dir.resolve())).as_posix()
 
 
 #: The names `render_module` gives the module template itself (`Family.module_template` says what each holds):
@@ -242,6 +250,7 @@ class Planned:
     path: Path
     content: str
     spec: Any
+    spec_path: Path | None = None
 
 
 def plan_outputs(specs: list[tuple[Any, Path]], out_dir: Path, with_init: bool) -> list[Planned]:
@@ -251,7 +260,8 @@ def plan_outputs(specs: list[tuple[Any, Path]], out_dir: Path, with_init: bool) 
         if spec.name in names:
             raise ValueError(f"specs {names[spec.name]} and {spec_path} both have name '{spec.name}'; rename one")
         names[spec.name] = spec_path
-        planned.append(Planned(out_dir / f"{spec.name}.py", render(spec, display_name(spec_path)), spec))
+        content = render(spec, display_name(spec_path, out_dir))
+        planned.append(Planned(out_dir / f"{spec.name}.py", content, spec, spec_path))
     if with_init:
         planned.append(Planned(out_dir / "__init__.py", INIT_TEXT, None))
     return planned
@@ -284,7 +294,7 @@ def stale_files(planned: list[Planned], out_dir: Path, owns_directory: bool) -> 
         owner = sources.get(source) if source is not None else None
         if owner is not None:  # e.g. backend_v1.py from backend.yaml, whose `name:` is backend_v2 now
             problems.append(
-                f"{extra}: generated from the spec file {source}, which now renders {owner.path.name} (spec "
+                f"{extra}: generated from the spec file {owner.spec_path}, which now renders {owner.path.name} (spec "
                 f"'{owner.spec.name}'): left behind by an earlier name; delete it"
             )
     return problems

@@ -275,7 +275,7 @@ def test_check_finds_the_module_a_renamed_spec_left_behind(
     assert code == 0, err
     code, _, err = run_main([*build, "--check"], capsys, monkeypatch)
     assert code == 1
-    assert f"{out / 'backend_v1.py'}: generated from the spec file backend.yaml, which now renders backend_v2.py" in err
+    assert f"{out / 'backend_v1.py'}: generated from the spec file {spec}, which now renders backend_v2.py" in err
     assert "delete it" in err and "delete the files that a line above says to delete" in err
     assert "unrelated_a2a.py" not in err, "a module of another spec file is not this build's"
     (out / "backend_v1.py").unlink()

@@ -248,12 +248,13 @@ def test_a_module_left_by_a_spec_file_whose_name_holds_a_space_is_found(tmp_path
     spec_path = tmp_path / "my backend.yaml"
     old = parse_spec({**VLLM_FIELDS, "name": "backend_v1"})
     new = parse_spec({**VLLM_FIELDS, "name": "backend_v2"})
-    codegen.write_if_changed(tmp_path / "out" / "backend_v1.py", codegen.render(old, codegen.display_name(spec_path)))
-    planned = codegen.plan_outputs([(new, spec_path)], tmp_path / "out", with_init=False)
+    out = tmp_path / "out"
+    codegen.write_if_changed(out / "backend_v1.py", codegen.render(old, codegen.display_name(spec_path, out)))
+    planned = codegen.plan_outputs([(new, spec_path)], out, with_init=False)
     codegen.write_if_changed(planned[0].path, planned[0].content)
-    assert codegen.header_source(planned[0].content) == "my backend.yaml"
-    (problem,) = codegen.stale_files(planned, tmp_path / "out", owns_directory=False)
-    assert problem.startswith(f"{tmp_path / 'out' / 'backend_v1.py'}: generated from the spec file my backend.yaml")
+    assert codegen.header_source(planned[0].content) == "../my backend.yaml"
+    (problem,) = codegen.stale_files(planned, out, owns_directory=False)
+    assert problem.startswith(f"{out / 'backend_v1.py'}: generated from the spec file {spec_path}")
     assert problem.endswith("delete it")
 
 
@@ -307,7 +308,7 @@ def test_check_that_finds_only_left_over_modules_says_to_delete_them(tmp_path, c
     write_spec(spec_path, name="mine_v2")
     assert run_main(["build", "--no-verify", "--spec", str(spec_path), "--out", str(out)], capsys, monkeypatch)[0] == 0
     code, _, err = run_main(["build", "--check", "--spec", str(spec_path), "--out", str(out)], capsys, monkeypatch)
-    assert code == 1 and "mine_v1.py: generated from the spec file mine.yaml" in err, err
+    assert code == 1 and f"mine_v1.py: generated from the spec file {spec_path}," in err, err
     assert "delete the files that a line above says to delete" in err and "run `" not in err, err
 
 

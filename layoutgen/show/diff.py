@@ -243,10 +243,17 @@ def diff_summary(diff: LayoutDiff, runs: bool = True) -> str:
             f"in both. {where}"
         )
         if diff.differing_fields and diff.same_place == sum(counts.values()):
-            # Every element in place, yet not identical: other bytes there (an e4m3fn against an e5m2 wire).
+            # Every element compared in place, yet not identical: the buffers differ (an e4m3fn against an e5m2
+            # wire), or are alike but hold other kinds beside them (one LSE slot against (max, sum) slots).
+            if diff.buffers_a != diff.buffers_b:
+                consequence = "and the buffers' dtypes or sizes with them"
+            else:
+                consequence = (
+                    "and what the buffers hold beside the elements compared (their dtypes and sizes are the same)"
+                )
             verdict += (
-                f" Yet the specs differ in {', '.join(diff.differing_fields)}, and the buffers' dtypes or sizes "
-                "with them: a port changes the kernels."
+                f" Yet the specs differ in {', '.join(diff.differing_fields)}, {consequence}: a port changes "
+                "the kernels."
             )
     not_compared = f" Not compared: {diff.not_compared}." if diff.not_compared else ""
     return f"{diff.layout_a.elements_phrase(counts)} in {len(diff.runs)} runs. {verdict}{not_compared}"

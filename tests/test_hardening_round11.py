@@ -1,0 +1,154 @@
+"""Eleventh hardening pass: the two defects the tenth pass's spec audit found and left.
+
+* Two spec files of one file name (`proj1/spec.yaml`, `proj2/spec.yaml`) built into one directory: each
+  module's header names its spec by the path from that directory, so `build --check` of either project
+  does not call the other's module a left-over, and one build of both keeps both apart.  The header is the
+  same whatever the working directory, and `show` on such a module names the spec path from here.
+* `diff`: when every compared element lands in place but the specs differ, the summary says the buffers'
+  dtypes or sizes differ only where they do; where the buffers are alike but hold other kinds (one LSE slot
+  against (max, sum) slots), it says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from test_cli_polish import run_main
+
+from layoutgen import codegen
+from layoutgen.show import diff_layouts, diff_summary
+from layoutgen.spec import load_spec
+
+SEPARATE_LSE: dict[str, object] = {
+    "name": "lse_one_slot",
+    "summary": "separate stats, two slots, the LSE in slot 0",
+    "transport": "external",
+    "payload": {"axes": ["batch", "peer", "head", "dim"], "dtype": "input"},
+    "stats": {"placement": "separate", "axes": ["batch", "peer", "head", "slot"], "slots": 2},
+}
+
+
+def write_spec(path: Path, fields: dict[str, object]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(fields, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def two_projects(root: Path) -> tuple[Path, Path]:
+    """proj1/spec.yaml (spec backend_1) and proj2/spec.yaml (spec backend_2): one file name, two specs."""
+    return (
+        write_spec(root / "proj1" / "spec.yaml", {**SEPARATE_LSE, "name": "backend_1"}),
+        write_spec(root / "proj2" / "spec.yaml", {**SEPARATE_LSE, "name": "backend_2"}),
+    )
+
+
+def build(args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    code, out, err = run_main(["build", *args], capsys, monkeypatch)
+    return code, out + err
+
+
+# ---------------------------------------------------------------------------------------------
+# build: spec files of one file name
+
+
+def test_projects_with_spec_files_of_one_name_each_check_clean_in_a_shared_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = two_projects(tmp_path)
+    out = tmp_path / "gen"
+    for spec in (first, second):
+        code, text = build(["--no-verify", "--spec", str(spec), "--out", str(out)], capsys, monkeypatch)
+        assert code == 0, text
+    assert codegen.header_source(codegen.first_line(out / "backend_1.py")) == "../proj1/spec.yaml"
+    assert codegen.header_source(codegen.first_line(out / "backend_2.py")) == "../proj2/spec.yaml"
+    for specs in ([first], [second], [second, first]):
+        args = [arg for spec in specs for arg in ("--spec", str(spec))]
+        code, text = build(["--check", *args, "--out", str(out)], capsys, monkeypatch)
+        assert code == 0, text
+        assert "left behind" not in text and "delete" not in text, text
+    assert sorted(path.name for path in out.iterdir()) == ["backend_1.py", "backend_2.py"]
+
+
+def test_a_module_left_behind_is_still_found_beside_a_spec_file_of_the_same_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = two_projects(tmp_path)
+    out = tmp_path / "gen"
+    both = ["--spec", str(first), "--spec", str(second), "--out", str(out)]
+    assert build(["--no-verify", *both], capsys, monkeypatch)[0] == 0
+    write_spec(second, {**SEPARATE_LSE, "name": "backend_2_renamed"})
+    assert build(["--no-verify", *both], capsys, monkeypatch)[0] == 0
+    code, text = build(["--check", *both], capsys, monkeypatch)
+    assert code == 1, text
+    message = " ".join(text.split())
+    assert (
+        f"{out / 'backend_2.py'}: generated from the spec file {second}, which now renders backend_2_renamed.py"
+        in message
+    ), message
+    assert "backend_1.py" not in message, "the module of proj1/spec.yaml is current, and no left-over"
+
+
+def test_the_header_names_the_spec_alike_from_any_working_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two_projects(tmp_path)
+    renderings = []
+    for here, spec, out in ((tmp_path, "proj1/spec.yaml", "gen"), (tmp_path / "proj1", "spec.yaml", "../gen")):
+        monkeypatch.chdir(here)
+        assert build(["--no-verify", "--spec", spec, "--out", out], capsys, monkeypatch)[0] == 0
+        renderings.append((tmp_path / "gen" / "backend_1.py").read_bytes())
+        (tmp_path / "gen" / "backend_1.py").unlink()
+    assert renderings[0] == renderings[1]
+    assert renderings[0].startswith(b"# Code generated by layoutgen ") and b" from ../proj1/spec.yaml " in renderings[0]
+
+
+def test_a_bundled_spec_is_still_named_by_its_path_in_the_package(tmp_path: Path) -> None:
+    from layoutgen.spec import bundled_spec_paths
+
+    path = next(p for p in bundled_spec_paths() if p.stem == "vllm_a2a")
+    assert codegen.display_name(path, tmp_path / "anywhere") == "layoutgen/dcp/specs/vllm_a2a.yaml"
+    assert codegen.display_name(path) == "layoutgen/dcp/specs/vllm_a2a.yaml"
+
+
+def test_show_on_such_a_module_names_its_spec_by_a_path_from_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two_projects(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert build(["--no-verify", "--spec", "proj1/spec.yaml", "--out", "gen"], capsys, monkeypatch)[0] == 0
+    code, _, err = run_main(["show", "gen/backend_1.py"], capsys, monkeypatch)
+    assert code != 0
+    assert "this one was built from proj1/spec.yaml, pass that" in " ".join(err.split()), err
+    (tmp_path / "proj1" / "spec.yaml").unlink()  # moved since: the header's words, as written
+    code, _, err = run_main(["show", "gen/backend_1.py"], capsys, monkeypatch)
+    assert code != 0 and "this one was built from ../proj1/spec.yaml, pass that" in " ".join(err.split()), err
+
+
+# ---------------------------------------------------------------------------------------------
+# diff: the sentence for layouts whose compared elements all land in place
+
+
+def diff_text(tmp_path: Path, fields_a: dict[str, object], fields_b: dict[str, object]) -> str:
+    spec_a = load_spec(write_spec(tmp_path / "a.yaml", fields_a))
+    spec_b = load_spec(write_spec(tmp_path / "b.yaml", fields_b))
+    shape = {"N": 4, "B": 2, "H": 8, "D": 16}
+    diff = diff_layouts(spec_a, spec_b, shape, "bfloat16")
+    return " ".join(diff_summary(diff).split())
+
+
+def test_alike_buffers_holding_other_stats_kinds_are_not_said_to_differ_in_dtype_or_size(tmp_path: Path) -> None:
+    max_sum = {**SEPARATE_LSE, "name": "max_sum", "stats": {**SEPARATE_LSE["stats"], "form": "max_sum"}}  # type: ignore[dict-item]
+    text = diff_text(tmp_path, SEPARATE_LSE, max_sum)
+    assert "dtypes or sizes with them" not in text, text
+    assert "what the buffers hold beside the elements compared (their dtypes and sizes are the same)" in text, text
+    assert "Not compared: only lse_one_slot holds lse; only max_sum holds max, sum." in text, text
+
+
+def test_an_fp8_wire_of_another_format_is_said_to_differ_in_the_buffers_dtypes(tmp_path: Path) -> None:
+    e4m3 = yaml.safe_load(Path(codegen.__file__).parent.joinpath("dcp/specs/vllm_a2a_fp8.yaml").read_text())
+    e5m2 = {**e4m3, "name": "vllm_a2a_e5m2", "payload": {**e4m3["payload"], "dtype": "float8_e5m2"}}
+    text = diff_text(tmp_path, e4m3, e5m2)
+    assert "Yet the specs differ in payload.dtype, and the buffers' dtypes or sizes with them" in text, text
+    assert "what the buffers hold beside" not in text, text
