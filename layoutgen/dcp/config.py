@@ -271,8 +271,9 @@ def _dim_innermost_pack_config(
             num_warps=_warps_for(block_head * block_dim, elem_size),
         )
     budget = 1024 if B <= 8 else 2048
-    extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": block_dim}
+    # The floor is the dim extent too: a scale block past 1024 elements (block_dim's cap) stays whole.
     floor = max(block_dim, fp8_min_block_dim(spec, D))
+    extents = {"peer": N, "batch": B, "head": heads_per_peer, "dim": floor}
     blocks = grow_box(spec.payload.axes, extents, max(budget, floor), floors={"dim": floor})
     tile = blocks["peer"] * blocks["batch"] * blocks["head"] * blocks["dim"]
     per_thread = (16 if B <= 8 else 32) if spec.fp8 else 8

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from layoutgen.dcp.spec import PAYLOAD_AXES, SCALE_AXES, STATS_AXES, DcpSpec, PayloadDtype
+from layoutgen.config import next_pow2
+from layoutgen.dcp.spec import MAX_SCALE_BLOCK, PAYLOAD_AXES, SCALE_AXES, STATS_AXES, DcpSpec, PayloadDtype
 from layoutgen.runtime.tensors import as_int, type_name
 
 #: Activation dtypes a pack accepts for `out` (docs/design.md §4).
@@ -94,6 +95,12 @@ def check_shape(spec: DcpSpec, shape: Shape) -> None:
         raise ValueError(
             f"spec '{spec.name}' quantises blocks of scale_block={spec.payload.scale_block} elements, which must "
             f"divide D; got D={shape.D}. Use a D that is a multiple of {spec.payload.scale_block}, or another spec"
+        )
+    if spec.fp8 and not spec.fp8_chunks and next_pow2(spec.scale_block_of(shape.D)) > MAX_SCALE_BLOCK:
+        raise ValueError(
+            f"spec '{spec.name}' quantises each row of D={shape.D} elements under one scale (payload.scale_block "
+            f"unset), and one program holds a whole scale block, at most {MAX_SCALE_BLOCK} elements (rounded up to "
+            f"a power of two): set payload.scale_block to a power of two dividing D, or use D <= {MAX_SCALE_BLOCK}"
         )
     if spec.row_tail and (shape.D * elem_size) % LSE_BYTES:
         raise ValueError(
