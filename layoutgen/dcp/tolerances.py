@@ -44,7 +44,9 @@ def _ratio(got: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> fl
     finite = torch.isfinite(ref) & torch.isfinite(got)
     if not bool((same_special | finite).all()):
         return float("inf")
-    allowed = rtol * ref.abs() + atol
+    # Matching specials (NaN with NaN, inf with inf) pass with ratio 0; a NaN allowance would make the max NaN,
+    # and `ratio > 1` is False for NaN, hiding a real violation elsewhere in the tensor.
+    allowed = torch.where(finite, rtol * ref.abs() + atol, 1.0)
     diff = torch.where(finite, (got - ref).abs(), 0.0)
     return float((diff / allowed).max())
 

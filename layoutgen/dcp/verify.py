@@ -56,20 +56,23 @@ def random_max_sum(shape: tuple[int, ...], generator: torch.Generator) -> tuple[
     return maximum, total
 
 
-def _check_v2_pack(module: ModuleType, N: int, H: int, D: int, dtype: torch.dtype, generator: torch.Generator) -> bool:
-    """A masked pack of out [R, T, H, D], from (max, sum) for a max_sum spec and from lse otherwise."""
+def _check_v2_pack(
+    module: ModuleType, N: int, H: int, D: int, dtype: torch.dtype, generator: torch.Generator, device: str
+) -> bool:
+    """A masked pack of out [R, T, H, D] on `device`, from (max, sum) for a max_sum spec and from lse otherwise
+    (inputs drawn on the CPU, so a seed draws the same values on any device)."""
     spec = module.SPEC
     R = 2
-    out = torch.randn(R, TOKENS, H, D, generator=generator).to(dtype)
-    empty = torch.tensor([False, True])
-    ours = filled(module.alloc(N, R * TOKENS + 1, H, D, dtype))
-    theirs = filled(LayoutBuffers.allocate(spec, N, R * TOKENS + 1, H, D, dtype))
+    out = torch.randn(R, TOKENS, H, D, generator=generator).to(dtype).to(device)
+    empty = torch.tensor([False, True], device=device)
+    ours = filled(module.alloc(N, R * TOKENS + 1, H, D, dtype, device))
+    theirs = filled(LayoutBuffers.allocate(spec, N, R * TOKENS + 1, H, D, dtype, device))
     if spec.max_sum:
-        maximum, total = random_max_sum((R, TOKENS, H), generator)
+        maximum, total = (half.to(device) for half in random_max_sum((R, TOKENS, H), generator))
         module.pack(out, bufs=ours, max_sum=(maximum, total), empty=empty)
         reference.pack(out, None, theirs, max_sum=(maximum, total), empty=empty)
     else:
-        lse = torch.randn(R, TOKENS, H, generator=generator) * 4
+        lse = (torch.randn(R, TOKENS, H, generator=generator) * 4).to(device)
         module.pack(out, lse, ours, empty=empty)
         reference.pack(out, lse, theirs, empty=empty)
     return same_bytes(ours, theirs)
@@ -119,7 +122,7 @@ def verify_module(module: ModuleType, device: str = "cpu", seed: int = 0) -> Ver
             if not same_bytes(ours, theirs):
                 failures.append(f"pack differs from the reference at {label}, rank {rank}")
             sends.append(ours)
-        if device == "cpu" and not _check_v2_pack(module, N, H, D, dtype, generator):
+        if not _check_v2_pack(module, N, H, D, dtype, generator, device):
             failures.append(f"pack with an empty mask over [R, T={TOKENS}] rows differs from the reference at {label}")
         received = reference.exchange(sends)
         for rank in range(N):
