@@ -243,8 +243,8 @@ def diff_summary(diff: LayoutDiff, runs: bool = True) -> str:
             f"in both. {where}"
         )
         if diff.differing_fields and diff.same_place == sum(counts.values()):
-            # Every element compared in place, yet not identical: the buffers differ (an e4m3fn against an e5m2
-            # wire), or are alike but hold other kinds beside them (one LSE slot against (max, sum) slots).
+            # Every element compared in place, yet not identical: the buffers differ (one element dtype against
+            # another of its width), or are alike but hold other kinds beside the compared ones.
             if diff.buffers_a != diff.buffers_b:
                 consequence = "and the buffers' dtypes or sizes with them"
             else:
