@@ -171,14 +171,27 @@ def replace_atomically(path: Path, content: str | bytes, mode: int | None = None
                 with contextlib.suppress(PermissionError):  # only root may give a file away
                     os.chown(temporary, previous.st_uid, previous.st_gid)
         else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(temporary, 0o666 & ~umask)
+            os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask, read from /proc where Linux has it: setting it to read it (`os.umask`), the only
+    other way, gives a file another thread creates meanwhile mode 0666."""
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open("/proc/self/status", encoding="ascii", errors="replace") as status,
+    ):
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def missing_directories(directory: Path) -> list[Path]:

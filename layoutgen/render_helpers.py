@@ -48,6 +48,7 @@ def broadcast_index(axes: list[str]) -> dict[str, str]:
 
 
 def escape_comment(text: str) -> str:
+    """`text` for one comment line of generated code: line breaks and other non-ASCII escaped."""
     return text.encode("unicode_escape").decode("ascii")
 
 

@@ -31,9 +31,13 @@ def terminated_by_sigterm() -> bool:
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """Within the block, SIGTERM raises KeyboardInterrupt in the main thread (`terminated_by_sigterm()` then
-    says it was SIGTERM, for the exit code: 143, not Ctrl-C's 130)."""
+    says it was SIGTERM, for the exit code: 143, not Ctrl-C's 130), deferred out of an import as the CLI's
+    handler and `interrupted_once` defer it."""
 
-    def interrupt(signum: int, frame: object) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        if inside_import(frame):
+            deliver_again_soon(signum)
+            return
         _terminated["by_sigterm"] = True
         raise KeyboardInterrupt
 
@@ -44,6 +48,7 @@ def sigterm_interrupts() -> Iterator[None]:
     try:
         yield
     finally:
+        cancel_redeliveries()
         signal.signal(signal.SIGTERM, previous)
 
 
