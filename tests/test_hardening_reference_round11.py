@@ -90,6 +90,19 @@ def dcp_stand_in(spec: Any, pack_fault: PackFault | None = None, combine_fault: 
     return types.SimpleNamespace(SPEC=spec, alloc=alloc, pack=pack, combine=combine)
 
 
+def with_pack(spec: Any, pack: Callable[..., None]) -> Any:
+    """The stand-in module of `spec` with `pack` for its pack."""
+    module = dcp_stand_in(spec)
+    module.pack = pack
+    return module
+
+
+def pack_ignoring_the_mask(
+    out: torch.Tensor, lse: Any = None, bufs: Any = None, *, empty: Any = None, max_sum: Any = None
+) -> None:
+    reference.pack(out, lse, bufs, max_sum=max_sum)
+
+
 def check_of(report: VerifyReport, kernel: str) -> Check:
     return next(check for check in report.checks if check.kernel == kernel)
 
@@ -167,36 +180,19 @@ def test_dcp_verify_fills_the_buffers_with_the_canary() -> None:
     """A pack that zeroes whole buffers (bytes of rows B..B_max it does not own) fails (mutation: the buffers
     filled with 0, which the zeroing reproduces)."""
 
-    def zeroing_module(spec: Any) -> Any:
-        module = dcp_stand_in(spec)
-        honest = module.pack
+    def zeroing_pack(out: torch.Tensor, lse: Any = None, bufs: Any = None, **keywords: Any) -> None:
+        for tensor in bufs.tensors.values():
+            tensor.zero_()
+        reference.pack(out, lse, bufs, **keywords)
 
-        def pack(out: torch.Tensor, lse: Any = None, bufs: Any = None, **keywords: Any) -> None:
-            for tensor in bufs.tensors.values():
-                tensor.zero_()
-            honest(out, lse, bufs, **keywords)
-
-        module.pack = pack
-        return module
-
-    report = dcp_verify.verify_module(zeroing_module(generated_module("vllm_a2a").SPEC))
+    report = dcp_verify.verify_module(with_pack(generated_module("vllm_a2a").SPEC, zeroing_pack))
     assert not check_of(report, "pack").passed
     assert any(f.startswith("pack differs from the reference") for f in report.failures), report.failures
 
 
 def test_dcp_verify_fails_a_pack_that_ignores_the_empty_mask() -> None:
     """The masked pack's failure fails the pack check (mutation: only "pack differs" failures counted)."""
-
-    def unmasked_module(spec: Any) -> Any:
-        module = dcp_stand_in(spec)
-
-        def pack(out: torch.Tensor, lse: Any = None, bufs: Any = None, *, empty: Any = None, max_sum: Any = None):
-            reference.pack(out, lse, bufs, max_sum=max_sum)
-
-        module.pack = pack
-        return module
-
-    report = dcp_verify.verify_module(unmasked_module(generated_module("vllm_a2a").SPEC))
+    report = dcp_verify.verify_module(with_pack(generated_module("vllm_a2a").SPEC, pack_ignoring_the_mask))
     assert not check_of(report, "pack").passed
     assert check_of(report, "combine").passed
     assert report.failures and all(f.startswith("pack with an empty mask") for f in report.failures)
@@ -206,18 +202,14 @@ def test_dcp_verify_checks_the_max_sum_pack_with_sums_other_than_one() -> None:
     """A (max, sum) spec's pack that stores the max with sum 1 (drops the sum) fails (mutation: the random sums
     all 1, which that pack reproduces)."""
 
-    def sumless_module(spec: Any) -> Any:
-        module = dcp_stand_in(spec)
+    def sumless_pack(
+        out: torch.Tensor, lse: Any = None, bufs: Any = None, *, empty: Any = None, max_sum: Any = None
+    ) -> None:
+        if max_sum is not None:
+            lse, max_sum = max_sum[0], None
+        reference.pack(out, lse, bufs, empty=empty, max_sum=max_sum)
 
-        def pack(out: torch.Tensor, lse: Any = None, bufs: Any = None, *, empty: Any = None, max_sum: Any = None):
-            if max_sum is not None:
-                lse, max_sum = max_sum[0], None
-            reference.pack(out, lse, bufs, empty=empty, max_sum=max_sum)
-
-        module.pack = pack
-        return module
-
-    report = dcp_verify.verify_module(sumless_module(generated_module("trtllm_helix_native_v2").SPEC))
+    report = dcp_verify.verify_module(with_pack(generated_module("trtllm_helix_native_v2").SPEC, sumless_pack))
     assert not check_of(report, "pack").passed
     assert any(f.startswith("pack with an empty mask") for f in report.failures), report.failures
 
@@ -662,8 +654,7 @@ def test_matching_nans_pass_and_cannot_hide_a_violation() -> None:
 def test_dcp_verify_checks_the_masked_pack_on_any_device() -> None:
     """The masked [R, T] pack was checked only where the device was the string "cpu", so `build` on a GPU
     never checked it (nor the (max, sum) pack); a device named any other way checks it too."""
-    module = dcp_stand_in(generated_module("vllm_a2a").SPEC)
-    module.pack = lambda out, lse=None, bufs=None, *, empty=None, max_sum=None: reference.pack(out, lse, bufs)
+    module = with_pack(generated_module("vllm_a2a").SPEC, pack_ignoring_the_mask)
     report = dcp_verify.verify_module(module, device="cpu:0")
     assert not check_of(report, "pack").passed
     assert report.failures and all(f.startswith("pack with an empty mask") for f in report.failures)

@@ -41,18 +41,16 @@ from typing import Any
 import pytest
 import torch
 from conftest import generated_module, requires_interpreter
-from ulysses_cases import alloc, as_tuple, fill, make_shape, random_tensor
+from ulysses_cases import alloc, as_tuple, fill, gather_entry, make_shape, random_tensor
 
 from layoutgen import tuning_db
 from layoutgen.config import config_values
-from layoutgen.runtime import configs
 from layoutgen.spec import SpecError, parse_spec
-from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningEntry, TuningKey
-from layoutgen.ulysses import FAMILY as ULYSSES_FAMILY
+from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE
 from layoutgen.ulysses import checks, dispatch, reference, runtime
 from layoutgen.ulysses.config import MAX_GRID_X, MAX_GRID_Y, ScatterConfig, runtime_default
 from layoutgen.ulysses.dispatch import shape_values
-from layoutgen.ulysses.layout import Shape, UlyssesBuffers, check_shape, key_extents, tensor_shape
+from layoutgen.ulysses.layout import Shape, UlyssesBuffers, check_shape, tensor_shape
 from layoutgen.ulysses.spec import HeadCount, UlyssesSpec
 
 # No cached plans, LAYOUTGEN_CONFIG unset and empty tuning databases, for every test.
@@ -187,34 +185,13 @@ def test_a_tuned_entry_answers_only_calls_of_its_dtype(clean_dispatch: Path) -> 
     shape = make_shape(module.SPEC, N=2, S_local=3, heads=2, kv_heads=2, D=4, B=1)
     default = runtime_default(module.SPEC, "gather", shape)
     tuned_warps = 2 if default.num_warps != 2 else 4
-    kernel = ULYSSES_FAMILY.kernel("gather")
-    expected = configs.expected_for(kernel, module.SPEC_HASH, module.SOURCE_HASHES["gather"])
-    key = TuningKey(
-        family="ulysses",
-        spec=module.SPEC_NAME,
-        kernel="gather",
-        extents=tuple(key_extents(module.SPEC, "gather", shape).items()),
-        dtype="float16",
-        bucket_name=ULYSSES_FAMILY.bucket.name,
-        bucket=4,
+    tuning_db.record(
+        clean_dispatch,
+        CPU_INTERPRETER_DEVICE,
+        "0.0",
+        [gather_entry(module, shape, 4, tuned_warps, "float16")],
+        {"layoutgen": "test"},
     )
-    entry = TuningEntry(
-        key=key,
-        config={**dataclasses.asdict(default), "num_warps": tuned_warps},
-        median_us=2.0,
-        p20_us=1.9,
-        p80_us=2.2,
-        default_us=3.0,
-        trials=10,
-        spec_hash=module.SPEC_HASH,
-        source_hash=module.SOURCE_HASHES["gather"],
-        space_hash=expected.space_hash,
-        timing_hash=expected.timing_hash,
-        versions=dict(expected.versions),
-        measured_at="2026-12-08T02:00:00+00:00",
-        rotating_sets=1,
-    )
-    tuning_db.record(clean_dispatch, CPU_INTERPRETER_DEVICE, "0.0", [entry], {"layoutgen": "test"})
     half = alloc(module, dataclasses.replace(shape, dtype=torch.float16), "to_attention")
     assert module._dispatch.plan("gather", half, None).config.num_warps == tuned_warps
     brain = alloc(module, shape, "to_attention")

@@ -5,21 +5,18 @@ grid at a batch past CUDA's limit, and the tuning bucket of a batched call (B x 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import generated_module, requires_interpreter
-from ulysses_cases import alloc, as_tuple, fill, make_shape, random_tensor
+from ulysses_cases import alloc, as_tuple, fill, gather_entry, make_shape, random_tensor
 
 from layoutgen import tuning_db
-from layoutgen.runtime import configs
-from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE, TuningEntry, TuningKey
-from layoutgen.ulysses import FAMILY as ULYSSES_FAMILY
-from layoutgen.ulysses.config import MAX_GRID_Y, program_counts, runtime_default, tile_axes
-from layoutgen.ulysses.layout import UlyssesBuffers, key_extents, tensor_shape
+from layoutgen.tuning_db import CPU_INTERPRETER_DEVICE
+from layoutgen.ulysses.config import MAX_GRID_Y, program_counts, tile_axes
+from layoutgen.ulysses.layout import UlyssesBuffers, tensor_shape
 
 # No cached plans, LAYOUTGEN_CONFIG unset and empty tuning databases, for every test.
 pytestmark = [requires_interpreter, pytest.mark.usefixtures("clean_dispatch")]
@@ -81,36 +78,12 @@ def test_a_batched_call_takes_the_bucket_of_b_times_s_local(clean_dispatch: Path
     # B 2 x S_local 3 = 6 rows of the grid: the bucket 8 entry answers, not bucket 4 (S_local alone).
     module = generated_module("yunchang_ulysses")
     shape = make_shape(module.SPEC, N=2, S_local=3, heads=2, kv_heads=2, D=4, B=2)
-    default = runtime_default(module.SPEC, "gather", shape)
-    kernel = ULYSSES_FAMILY.kernel("gather")
-    expected = configs.expected_for(kernel, module.SPEC_HASH, module.SOURCE_HASHES["gather"])
-
-    def entry(bucket: int, num_warps: int) -> TuningEntry:
-        return TuningEntry(
-            key=TuningKey(
-                family="ulysses",
-                spec=module.SPEC_NAME,
-                kernel="gather",
-                extents=tuple(key_extents(module.SPEC, "gather", shape).items()),
-                dtype="bfloat16",
-                bucket_name=ULYSSES_FAMILY.bucket.name,
-                bucket=bucket,
-            ),
-            config={**dataclasses.asdict(default), "num_warps": num_warps},
-            median_us=2.0,
-            p20_us=1.9,
-            p80_us=2.2,
-            default_us=3.0,
-            trials=10,
-            spec_hash=module.SPEC_HASH,
-            source_hash=module.SOURCE_HASHES["gather"],
-            space_hash=expected.space_hash,
-            timing_hash=expected.timing_hash,
-            versions=dict(expected.versions),
-            measured_at="2026-12-07T20:00:00+00:00",
-            rotating_sets=1,
-        )
-
-    tuning_db.record(clean_dispatch, CPU_INTERPRETER_DEVICE, "0.0", [entry(4, 2), entry(8, 4)], {"layoutgen": "test"})
+    tuning_db.record(
+        clean_dispatch,
+        CPU_INTERPRETER_DEVICE,
+        "0.0",
+        [gather_entry(module, shape, 4, 2), gather_entry(module, shape, 8, 4)],
+        {"layoutgen": "test"},
+    )
     recv = alloc(module, shape, "to_attention")
     assert module._dispatch.plan("gather", recv, None).config.num_warps == 4

@@ -6,6 +6,7 @@ Kept in this folder (not tests/conftest.py, which is family-neutral); the tests 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from types import ModuleType
@@ -15,9 +16,12 @@ import torch
 from conftest import CANARY
 from hypothesis import strategies as st
 
+from layoutgen.runtime import configs
+from layoutgen.tuning_db import TuningEntry, TuningKey
+from layoutgen.ulysses import FAMILY as ULYSSES_FAMILY
 from layoutgen.ulysses import reference
-from layoutgen.ulysses.config import CONFIG_TYPES, TileConfig
-from layoutgen.ulysses.layout import Shape, UlyssesBuffers, tensor_shape
+from layoutgen.ulysses.config import CONFIG_TYPES, TileConfig, runtime_default
+from layoutgen.ulysses.layout import Shape, UlyssesBuffers, key_extents, tensor_shape
 from layoutgen.ulysses.spec import HeadCount, UlyssesSpec
 
 BUNDLED = (
@@ -313,3 +317,34 @@ def default_configs() -> dict[str, TileConfig | None]:
 def tiny_configs(**blocks: int) -> dict[str, TileConfig | None]:
     """Every kernel with the same (small) blocks: many programs, every decomposition path taken."""
     return {kernel: CONFIG_TYPES[kernel](**blocks, num_warps=1) for kernel in KERNELS}
+
+
+def gather_entry(module: ModuleType, shape: Shape, bucket: int, num_warps: int, dtype: str = "bfloat16") -> TuningEntry:
+    """A current tuning entry for `module`'s gather at `shape` (its dtype `dtype`, size bucket `bucket`): the
+    runtime default config with `num_warps` changed, so a test can tell whether dispatch took it."""
+    kernel = ULYSSES_FAMILY.kernel("gather")
+    expected = configs.expected_for(kernel, module.SPEC_HASH, module.SOURCE_HASHES["gather"])
+    return TuningEntry(
+        key=TuningKey(
+            family="ulysses",
+            spec=module.SPEC_NAME,
+            kernel="gather",
+            extents=tuple(key_extents(module.SPEC, "gather", shape).items()),
+            dtype=dtype,
+            bucket_name=ULYSSES_FAMILY.bucket.name,
+            bucket=bucket,
+        ),
+        config={**dataclasses.asdict(runtime_default(module.SPEC, "gather", shape)), "num_warps": num_warps},
+        median_us=2.0,
+        p20_us=1.9,
+        p80_us=2.2,
+        default_us=3.0,
+        trials=10,
+        spec_hash=module.SPEC_HASH,
+        source_hash=module.SOURCE_HASHES["gather"],
+        space_hash=expected.space_hash,
+        timing_hash=expected.timing_hash,
+        versions=dict(expected.versions),
+        measured_at="2026-12-07T20:00:00+00:00",
+        rotating_sets=1,
+    )
